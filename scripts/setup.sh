@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One-shot set-up on a fresh Debian machine with Python 3.11: virtual environment, packages,
+# generated protobuf code and the native library. Safe to re-run; each step skips what is done.
+#
+#   SP_PYTHON   interpreter used to create .venv (default: python3.11, else python3)
+#   SP_EXTRAS   pip extras to install (default: cpu,server,dev; use gpu,server,dev on GPU machines)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+py=${SP_PYTHON:-$(command -v python3.11 || command -v python3)}
+extras=${SP_EXTRAS:-cpu,server,dev}
+
+if [ ! -x .venv/bin/python ]; then
+  echo "[setup] creating .venv with $py"
+  "$py" -m venv .venv
+fi
+stamp=.venv/.sp-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "[setup] installing packages (extras: $extras)"
+  .venv/bin/pip install --quiet --disable-pip-version-check -e ".[$extras]"
+  touch "$stamp"
+fi
+
+echo "[setup] generating protobuf code"
+.venv/bin/python scripts/gen_protos.py
+
+if [ -f cpp_processor/CMakeLists.txt ]; then
+  echo "[setup] building libserving_processor.so"
+  bash scripts/build_native.sh
+fi
+echo "[setup] done"
