@@ -1,0 +1,41 @@
+"""Flat entry points called by the C shim (``libserving_processor.so``).
+
+The C library converts arguments and copies results; everything else happens here. Contract:
+
+* ``initialize`` returns an opaque handle or raises ProcessorError with the message to print;
+* ``process``, ``batch_process`` and ``get_serving_model_info`` never raise: they return
+  ``(status, payload)`` with status 200 and a serialized message, or an error status and a
+  UTF-8 message (codes in :mod:`processor.errors`);
+* ``finalize`` releases the model; it is idempotent;
+* every function is thread-safe.
+"""
+
+from __future__ import annotations
+
+from .errors import as_processor_error
+from .processor import Processor
+
+ABI_VERSION = 1
+
+
+def initialize(model_entry: str, model_config: str) -> Processor:
+    try:
+        return Processor.create(model_entry, model_config)
+    except Exception as exc:
+        raise as_processor_error(exc) from None
+
+
+def process(handle: Processor, data: bytes) -> tuple[int, bytes]:
+    return handle.process(data)
+
+
+def batch_process(handle: Processor, requests: list[bytes]) -> list[tuple[int, bytes]]:
+    return [handle.process(data) for data in requests]
+
+
+def get_serving_model_info(handle: Processor) -> tuple[int, bytes]:
+    return handle.serving_model_info()
+
+
+def finalize(handle: Processor) -> None:
+    handle.close()

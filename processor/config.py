@@ -1,0 +1,308 @@
+"""ModelConfig: DeepRec's ``model_config`` JSON, typed and validated once.
+
+Every key of DeepRec's processor is accepted with its documented type and default (see
+``shared/reference/deeprec-processor.md`` §1). Departures from the original, on purpose:
+
+* a wrong type or value is a :class:`~processor.errors.ConfigError` naming the key (the original
+  aborts the process on some of them);
+* an unknown key is an error, with the closest known key suggested, unless it is a key of
+  DeepRec/EAS deployments that this processor does not use (listed in :data:`FOREIGN_KEYS`),
+  which is accepted and reported in model info;
+* ``signature_name``, ``serialize_protocol``, ``feature_store_type`` and ``model_store_type``
+  have defaults (DeepRec requires them); ``feature_store_type`` accepts ``local`` and ``memory``;
+* ``cpusets`` accepts single cores (``"3;4-6"``) and mixed lists (``"1-3,5"``);
+* ``init_timeout_minutes`` is active: how long ``initialize`` waits for a first servable version
+  (0, the default, fails at once with a clear message; -1 waits forever as DeepRec does).
+
+The objects are immutable; they are safe to share between threads.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import ConfigError
+
+# Keys of DeepRec/EAS model_config files that this processor accepts and does not use.
+FOREIGN_KEYS: frozenset[str] = frozenset({
+    "processor", "processor_type", "model_entry", "metadata", "token", "name",
+    "processor_path", "processor_entry", "warm_up_data_path",
+})
+
+# Keys a later part of the processor implements: validated now, reported as "accepted, not yet
+# active" in model info when present with a non-default value. Shrinks as features land.
+NOT_YET_ACTIVE: dict[str, str] = {
+    "gpu_ids_list": "GPU execution",
+    "use_multi_stream": "GPU execution",
+    "enable_device_placement_optimization": "device placement optimization",
+    "model_update_inter_threads": "hot update",
+    "model_update_intra_threads": "hot update",
+    "warmup_file_name": "warmup",
+    "lock_timeout": "Redis feature store",
+    "read_thread_num": "Redis feature store",
+    "update_thread_num": "Redis feature store",
+    "redis_url": "Redis feature store",
+    "redis_password": "Redis feature store",
+    "ev_storage_type": "embedding storage tiers",
+    "ev_storage_path": "embedding storage tiers",
+    "ev_storage_size": "embedding storage tiers",
+    "timeline_start_step": "timeline tracing",
+    "timeline_interval_step": "timeline tracing",
+    "timeline_trace_count": "timeline tracing",
+    "timeline_path": "timeline tracing",
+    "shard_embedding": "embedding sharding",
+    "file_system_poll_wait_seconds": "hot update",
+    "restore_model_version": "rollback",
+}
+
+FeatureStoreType = Literal["memory", "local", "redis", "cluster_redis"]
+
+
+def _default_op_threads() -> int:
+    # DeepRec: SCHEDULABLE_CPUS / 2; here the CPUs this process may run on.
+    return max(1, len(os.sched_getaffinity(0)) // 2)
+
+
+def parse_cpusets(text: str) -> tuple[tuple[int, ...], ...]:
+    """Parse ``"0-3;4-7"``, ``"0,1;2,3"``, ``"3;4-6"`` or ``"1-3,5"`` into one CPU tuple per group.
+
+    Raises ValueError with a message naming the bad group.
+    """
+    groups: list[tuple[int, ...]] = []
+    for raw_group in text.split(";"):
+        group = raw_group.strip()
+        if not group:
+            raise ValueError(f"empty cpu group in {text!r}")
+        cpus: list[int] = []
+        for part in group.split(","):
+            part = part.strip()
+            try:
+                if "-" in part:
+                    lo_s, hi_s = part.split("-")
+                    lo, hi = int(lo_s), int(hi_s)
+                    if lo > hi:
+                        raise ValueError
+                    cpus.extend(range(lo, hi + 1))
+                else:
+                    cpus.append(int(part))
+            except ValueError:
+                raise ValueError(f"bad cpu range {part!r} in group {group!r}") from None
+        if any(c < 0 for c in cpus):
+            raise ValueError(f"negative cpu in group {group!r}")
+        if len(set(cpus)) != len(cpus):
+            raise ValueError(f"repeated cpu in group {group!r}")
+        groups.append(tuple(cpus))
+    return tuple(groups)
+
+
+def _parse_int_list(value: Any) -> tuple[int, ...]:
+    if isinstance(value, str):
+        parts = [p.strip() for p in value.split(",") if p.strip()]
+        try:
+            return tuple(int(p) for p in parts)
+        except ValueError:
+            raise ValueError("must be a comma-separated list of integers") from None
+    if isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return tuple(value)
+    raise ValueError("must be a list of integers or a string like \"0,1\"")
+
+
+class ModelConfig(BaseModel):
+    """One model's configuration (the DeepRec ``model_config`` keys plus a few of our own)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+
+    # --- model location ---------------------------------------------------------------------
+    savedmodel_dir: str = Field(min_length=1)
+    checkpoint_dir: str | None = None
+    model_store_type: str = "local"
+    oss_endpoint: str | None = None
+    oss_access_id: str | None = None
+    oss_access_key: str | None = None
+    signature_name: str = Field("serving_default", min_length=1)
+    serialize_protocol: Literal["protobuf"] = "protobuf"
+    backend: Literal["auto", "tensorflow", "onnxruntime"] = "auto"
+    init_timeout_minutes: float = Field(0, ge=-1)
+
+    # --- session group ----------------------------------------------------------------------
+    session_num: int = Field(1, ge=1, le=256)
+    select_session_policy: Literal["MOD", "RR"] = "MOD"
+    use_per_session_threads: bool = False
+    cpusets: tuple[tuple[int, ...], ...] = ()
+    enable_inline_execute: bool = False
+    inter_op_parallelism_threads: int = Field(default_factory=_default_op_threads, ge=0, le=1024)
+    intra_op_parallelism_threads: int = Field(default_factory=_default_op_threads, ge=0, le=1024)
+    omp_num_threads: int | None = Field(None, ge=1)
+    kmp_blocktime: int | None = Field(None, ge=0)
+    gpu_ids_list: tuple[int, ...] = ()
+    use_multi_stream: bool = False
+    enable_device_placement_optimization: bool = False
+
+    # --- updates, warmup, rollback ----------------------------------------------------------
+    model_update_inter_threads: int = Field(0, ge=0, le=1024)
+    model_update_intra_threads: int = Field(0, ge=0, le=1024)
+    warmup_file_name: str = ""
+    file_system_poll_wait_seconds: float = Field(2.0, ge=0)
+    restore_model_version: int | None = Field(None, ge=0)
+
+    # --- feature store ----------------------------------------------------------------------
+    feature_store_type: FeatureStoreType = "memory"
+    redis_url: str | None = None
+    redis_password: str | None = None
+    read_thread_num: int = Field(4, ge=1, le=96)
+    update_thread_num: int = Field(2, ge=1, le=16)
+    lock_timeout: int = Field(900, ge=1)
+    ev_storage_type: Literal[0, 1, 12] = 0
+    ev_storage_path: str = ""
+    ev_storage_size: tuple[int, ...] = ()
+
+    # --- sharding (DeepRec keys) ------------------------------------------------------------
+    shard_embedding: bool = False
+    embedding_names: str = ""
+    shard_instance_count: int | None = Field(None, ge=1)
+    id_type: Literal["string", "int64"] | None = None
+
+    # --- timeline ---------------------------------------------------------------------------
+    timeline_start_step: int | None = Field(None, ge=0)
+    timeline_interval_step: int | None = Field(None, ge=1)
+    timeline_trace_count: int | None = Field(None, ge=1)
+    timeline_path: str | None = None
+
+    @field_validator("cpusets", mode="before")
+    @classmethod
+    def _cpusets(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return parse_cpusets(value) if value.strip() else ()
+        raise ValueError("must be a string like \"0-3;4-7\"")
+
+    @field_validator("gpu_ids_list", mode="before")
+    @classmethod
+    def _gpu_ids(cls, value: Any) -> Any:
+        ids = _parse_int_list(value)
+        if any(i < 0 for i in ids) or len(set(ids)) != len(ids):
+            raise ValueError("must list distinct non-negative ids")
+        return ids
+
+    @field_validator("ev_storage_size", mode="before")
+    @classmethod
+    def _ev_sizes(cls, value: Any) -> Any:
+        sizes = _parse_int_list(value)
+        if any(s <= 0 for s in sizes) or len(sizes) > 4:
+            raise ValueError("must list at most 4 positive byte sizes")
+        return sizes
+
+    @field_validator("omp_num_threads", "kmp_blocktime", mode="before")
+    @classmethod
+    def _int_like(cls, value: Any) -> Any:
+        # DeepRec reads these "as string"; accept "4" and 4 alike.
+        return int(value) if isinstance(value, str) and value.strip().lstrip("-").isdigit() else value
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> ModelConfig:
+        total_sessions = self.session_num * max(1, len(self.gpu_ids_list))
+        if self.cpusets and len(self.cpusets) != total_sessions:
+            raise ValueError(
+                f"cpusets: {len(self.cpusets)} cpu group(s) given but the group has "
+                f"{total_sessions} session(s); give one group per session")
+        if self.feature_store_type in ("redis", "cluster_redis") and not self.redis_url:
+            raise ValueError(f"redis_url: required when feature_store_type is {self.feature_store_type!r}")
+        if self.model_store_type != "local":
+            for key in ("savedmodel_dir", "checkpoint_dir"):
+                path = getattr(self, key)
+                if path is not None and self.model_store_type not in path:
+                    raise ValueError(
+                        f"{key}: model_store_type is {self.model_store_type!r} but {key} "
+                        f"{path!r} is not a {self.model_store_type} URL")
+        if self.model_store_type == "oss":
+            for key in ("oss_endpoint", "oss_access_id", "oss_access_key"):
+                if not getattr(self, key):
+                    raise ValueError(f"{key}: required when model_store_type is 'oss'")
+        timeline = (self.timeline_start_step, self.timeline_interval_step,
+                    self.timeline_trace_count, self.timeline_path)
+        if any(v is not None for v in timeline) and any(v is None for v in timeline):
+            missing = [k for k, v in zip(
+                ("timeline_start_step", "timeline_interval_step", "timeline_trace_count",
+                 "timeline_path"), timeline) if v is None]
+            raise ValueError(f"{missing[0]}: the timeline_* keys go together; missing {', '.join(missing)}")
+        if self.timeline_path is not None and not (
+                self.timeline_path.startswith("/") or "://" in self.timeline_path):
+            raise ValueError(f"timeline_path: must be an absolute path or a URL, got {self.timeline_path!r}")
+        if self.ev_storage_type == 12 and not self.ev_storage_path:
+            raise ValueError("ev_storage_path: required when ev_storage_type is 12 (DRAM+SSD)")
+        if self.shard_embedding:
+            if self.feature_store_type not in ("local", "memory"):
+                raise ValueError("shard_embedding: needs feature_store_type 'local' or 'memory'")
+            for key in ("embedding_names", "shard_instance_count", "id_type"):
+                if not getattr(self, key):
+                    raise ValueError(f"{key}: required when shard_embedding is true")
+        return self
+
+    # --- construction -----------------------------------------------------------------------
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> ModelConfig:
+        """Parse and validate a JSON document; raise ConfigError naming the first bad key."""
+        if not text or not str(text).strip():
+            raise ConfigError("model_config: empty; expected a JSON object")
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"model_config: not valid JSON ({exc})") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ModelConfig:
+        """Validate a mapping; raise ConfigError naming the first bad key."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"model_config: expected a JSON object, got {type(data).__name__}")
+        known = set(cls.model_fields)
+        fields: dict[str, Any] = {}
+        for key, value in data.items():
+            if key in known:
+                fields[key] = value
+            elif key not in FOREIGN_KEYS:
+                hint = difflib.get_close_matches(key, sorted(known), n=1)
+                suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
+                raise ConfigError(f"{key}: unknown model_config key{suggestion}")
+        try:
+            return cls(**fields)
+        except ValidationError as exc:
+            raise ConfigError(_describe(exc)) from None
+
+    # --- reporting --------------------------------------------------------------------------
+
+    def foreign_keys(self, data: dict[str, Any]) -> list[str]:
+        """Keys of ``data`` accepted for DeepRec/EAS compatibility and not used."""
+        return sorted(k for k in data if k in FOREIGN_KEYS)
+
+    def not_yet_active(self) -> dict[str, str]:
+        """Keys set to a non-default value whose feature is not active in this build."""
+        defaults = type(self)(savedmodel_dir=self.savedmodel_dir)
+        return {key: feature for key, feature in NOT_YET_ACTIVE.items()
+                if getattr(self, key) != getattr(defaults, key)}
+
+    def redacted(self) -> dict[str, Any]:
+        """The config as a dict with secrets masked, for model info and logs."""
+        out = self.model_dump(mode="json")
+        for key in ("oss_access_key", "oss_access_id", "redis_password"):
+            if out.get(key):
+                out[key] = "***"
+        return out
+
+
+def _describe(exc: ValidationError) -> str:
+    """One line per problem, each starting with the key it concerns."""
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        if not loc:  # model-level validators put the key first in their message
+            lines.append(msg)
+        else:
+            lines.append(f"{loc}: {msg} (got {err.get('input')!r})")
+    return "; ".join(lines)

@@ -1,0 +1,36 @@
+"""The Backend protocol: what the SessionGroup needs from an engine (TensorFlow, ONNX Runtime).
+
+A backend holds ONE copy of the model's parameters and offers ``lanes`` independent execution
+lanes over it (TensorFlow: inter-op pools of one Session; ONNX Runtime: sessions sharing
+initializers). Contract:
+
+* ``run`` is thread-safe: any number of threads may call it at once, on the same or different
+  lanes. It raises :class:`~processor.errors.ProcessorError` (INVALID_ARGUMENT for inputs the
+  engine rejects, INTERNAL otherwise).
+* ``close`` is called once, after the last ``run`` has returned (the ServableHandle guarantees
+  it); it frees the parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..signature import Signature
+
+
+class Backend(Protocol):
+    signature: Signature
+    lanes: int
+
+    def run(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]) -> list[np.ndarray]:
+        """Run the signature on ``lane``: feeds keyed by input alias, fetches by output alias."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """Engine facts for model info: threads, pools, pinning, devices."""
+        ...
+
+    def close(self) -> None:
+        ...

@@ -1,0 +1,180 @@
+"""TensorFlow backend: one graph Session holds the weights; lanes are its inter-op pools.
+
+Stock TensorFlow cannot share variables between two ``Session`` objects (each has its own
+ResourceMgr), so DeepRec's SessionGroup is rebuilt here as ONE session with ``lanes`` inter-op
+thread pools (``ConfigProto.session_inter_op_thread_pool``); a lane's calls run with
+``RunOptions.inter_op_thread_pool = lane`` (or ``-1``, the caller's thread, with inline
+execution). Weights are held once whatever the lane count.
+
+Loading follows the SavedModel loader: import the ``serve`` meta graph, restore parameters from
+the full checkpoint prefix through the graph's ``saver_def`` (or from the SavedModel's own
+variables), run the main / legacy init op. Thread-safe after construction (TF callables are).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from ..config import ModelConfig
+from ..errors import Internal, InvalidArgument, NotFound, ProcessorError
+from ..signature import Signature, TensorSpec
+from ..store.checkpoint_layout import ModelVersion
+from . import pinning
+
+SERVE_TAGS = ["serve"]
+
+
+def _tf():
+    import tensorflow as tf  # imported on first use: it costs seconds and most memory
+
+    return tf
+
+
+def _signature_from_def(name: str, sig_def) -> Signature:
+    def specs(infos) -> dict[str, TensorSpec]:
+        out = {}
+        for alias, info in infos.items():
+            shape = None if info.tensor_shape.unknown_rank else tuple(d.size for d in info.tensor_shape.dim)
+            out[alias] = TensorSpec(alias, info.name, int(info.dtype), shape)
+        return out
+
+    return Signature(name, specs(sig_def.inputs), specs(sig_def.outputs), sig_def.method_name)
+
+
+class TensorFlowBackend:
+    """A SavedModel graph in one Session with ``lanes`` inter-op pools. See the module doc."""
+
+    def __init__(self, config: ModelConfig, version: ModelVersion, lanes: int) -> None:
+        tf = _tf()
+        from tensorflow.python.saved_model import loader_impl
+
+        self.lanes = lanes
+        self._config = config
+        self._version = version
+        self._callables: dict[tuple[str, ...], Any] = {}
+        self._callables_lock = threading.Lock()
+
+        session_config = tf.compat.v1.ConfigProto(
+            intra_op_parallelism_threads=config.intra_op_parallelism_threads,
+            inter_op_parallelism_threads=config.inter_op_parallelism_threads,
+            allow_soft_placement=True,
+        )
+        per_lane_pools = config.use_per_session_threads
+        if per_lane_pools:
+            for _ in range(lanes):
+                session_config.session_inter_op_thread_pool.add(
+                    num_threads=config.inter_op_parallelism_threads)
+        if config.enable_inline_execute:
+            pools = [-1] * lanes
+        elif per_lane_pools:
+            pools = list(range(lanes))
+        else:
+            pools = [0] * lanes
+        self._run_options = [tf.compat.v1.RunOptions(inter_op_thread_pool=p) for p in pools]
+
+        try:
+            loader = loader_impl.SavedModelLoader(version.savedmodel_dir)
+            meta_graph = loader.get_meta_graph_def_from_tags(SERVE_TAGS)
+        except (OSError, RuntimeError, ValueError) as exc:
+            raise Internal(f"cannot read SavedModel in {version.savedmodel_dir!r}: {exc}") from None
+        sig_def = meta_graph.signature_def.get(config.signature_name)
+        if sig_def is None:
+            available = sorted(k for k in meta_graph.signature_def if not k.startswith("__"))
+            raise NotFound(f"signature_name {config.signature_name!r} not in the SavedModel; "
+                           f"available: {available}")
+        self.signature = _signature_from_def(config.signature_name, sig_def)
+
+        self._graph = tf.Graph()
+        with pinning.creation_lock, pinning.new_threads() as created:
+            self._session = tf.compat.v1.Session(graph=self._graph, config=session_config)
+        try:
+            with self._graph.as_default():
+                saver, _ = loader.load_graph(self._graph, SERVE_TAGS)
+                if version.full_prefix:
+                    if saver is None:
+                        raise Internal("the SavedModel has no saver_def; cannot restore a checkpoint")
+                    saver.restore(self._session, version.full_prefix)
+                else:
+                    loader.restore_variables(self._session, saver)
+                loader.run_init_ops(self._session, SERVE_TAGS)
+        except ProcessorError:
+            self.close()
+            raise
+        except Exception as exc:  # TF raises many types for a broken model or checkpoint
+            self.close()
+            source = version.full_prefix or version.savedmodel_dir
+            raise Internal(f"loading {source!r} failed: {type(exc).__name__}: {exc}") from None
+        self._feed_tensors = [self._graph.get_tensor_by_name(s.name) for s in self.signature.inputs.values()]
+        self._feed_aliases = list(self.signature.inputs)
+        self._pinning = self._pin(created, per_lane_pools)
+
+    # --- serving ----------------------------------------------------------------------------
+
+    def run(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]) -> list[np.ndarray]:
+        fn = self._callables.get(fetches) or self._make_callable(fetches)
+        tf = _tf()
+        try:
+            return fn(*[feeds[a] for a in self._feed_aliases], options=self._run_options[lane])
+        except tf.errors.InvalidArgumentError as exc:
+            raise InvalidArgument(f"the model rejected the input: {exc.message}") from None
+        except tf.errors.OpError as exc:
+            raise Internal(f"{type(exc).__name__}: {exc.message}") from None
+
+    def _make_callable(self, fetches: tuple[str, ...]):
+        with self._callables_lock:
+            fn = self._callables.get(fetches)
+            if fn is None:
+                tensors = [self._graph.get_tensor_by_name(self.signature.outputs[a].name) for a in fetches]
+                fn = self._session.make_callable(tensors, self._feed_tensors, accept_options=True)
+                self._callables[fetches] = fn
+        return fn
+
+    # --- facts ------------------------------------------------------------------------------
+
+    def _pin(self, created: dict[int, str], per_lane_pools: bool) -> dict[str, Any]:
+        cpusets = self._config.cpusets
+        report: dict[str, Any] = {
+            "intra_op_pool": "process-wide, shared by all lanes; not pinned",
+            "lanes": [],
+        }
+        if not cpusets:
+            report["summary"] = "no cpusets configured; nothing pinned"
+            return report
+        if not per_lane_pools:
+            report["summary"] = ("cpusets ignored: pinning needs use_per_session_threads "
+                                 "(lanes share the process-wide inter-op pool)")
+            return report
+        pinning.check_cpus(cpusets)
+        for lane, cpus in enumerate(cpusets):
+            tids = [tid for tid, name in created.items() if name == f"tf_Compute{lane}"]
+            pinned = pinning.pin(tids, cpus)
+            report["lanes"].append({"lane": lane, "cpus": list(cpus), "pool": f"inter-op pool {lane}",
+                                    "threads_pinned": len(pinned)})
+        inline = self._config.enable_inline_execute
+        report["summary"] = (
+            "inter-op pool threads pinned per lane" +
+            ("; inline execution runs ops on the calling thread, which is not pinned" if inline else ""))
+        return report
+
+    def describe(self) -> dict[str, Any]:
+        tf = _tf()
+        opts = self._run_options
+        return {
+            "engine": "tensorflow",
+            "engine_version": tf.__version__,
+            "lanes": self.lanes,
+            "weights": "one Session: one copy of every parameter for all lanes",
+            "inter_op_pool_per_lane": [o.inter_op_thread_pool for o in opts],
+            "inter_op_parallelism_threads": self._config.inter_op_parallelism_threads,
+            "intra_op_parallelism_threads": self._config.intra_op_parallelism_threads,
+            "pinning": self._pinning,
+        }
+
+    def close(self) -> None:
+        session, self._session = getattr(self, "_session", None), None
+        if session is not None:
+            session.close()
+        self._callables = {}

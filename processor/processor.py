@@ -1,0 +1,106 @@
+"""Processor: one model behind DeepRec's processor API (``initialize`` / ``process`` /
+``get_serving_model_info``), with status codes instead of exceptions.
+
+Built once by :meth:`Processor.create`, which validates the config, loads and warms the model and
+raises ProcessorError on failure. ``process`` and ``serving_model_info`` never raise and are
+thread-safe.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from .config import ModelConfig
+from .dataplane import DataPlane
+from .errors import StatusCode, as_processor_error
+from .manager.model_manager import ModelManager
+from .proto import predict_pb2
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL_NAME = "default"
+
+
+def redact_url(path: str) -> str:
+    """Drop credentials (``user:secret@``) and query strings from a URL; plain paths unchanged."""
+    if "://" not in path:
+        return path
+    parts = urlsplit(path)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+class Processor:
+    """One served model and its DataPlane. See the module doc."""
+
+    def __init__(self, name: str, config: ModelConfig, raw_config: dict[str, Any]) -> None:
+        self.name = name
+        self.config = config
+        self._raw_config = raw_config
+        self.environment = _apply_environment(config)
+        self.manager = ModelManager(name, config)
+        self.dataplane = DataPlane({name: self.manager})
+
+    @classmethod
+    def create(cls, model_entry: str, model_config: str) -> Processor:
+        """Validate ``model_config`` (JSON text), load the model; raise ProcessorError on failure.
+
+        ``model_entry`` names the model (DeepRec stores it unused); empty means "default".
+        """
+        config = ModelConfig.from_json(model_config)
+        processor = cls(model_entry or DEFAULT_MODEL_NAME, config, json.loads(model_config))
+        processor.manager.start()
+        return processor
+
+    def process(self, data: bytes) -> tuple[int, bytes]:
+        """Serialized PredictRequest in; (200, PredictResponse) or (status, UTF-8 message) out.
+
+        An empty request returns 200 and the signature as JSON (DeepRec's introspection ping).
+        """
+        try:
+            if not data:
+                return StatusCode.OK, json.dumps(self.dataplane.signature(self.name)).encode()
+            return StatusCode.OK, self.dataplane.predict(self.name, data)
+        except Exception as exc:
+            err = as_processor_error(exc)
+            return int(err.code), err.message.encode()
+
+    def serving_model_info(self) -> tuple[int, bytes]:
+        """(200, ServingModelInfo{model_path = served full checkpoint prefix, "" if none})."""
+        try:
+            version = self.manager.served_version()
+            path = redact_url(version.full_prefix) if version else ""
+            return StatusCode.OK, predict_pb2.ServingModelInfo(model_path=path).SerializeToString()
+        except Exception as exc:
+            err = as_processor_error(exc)
+            return int(err.code), err.message.encode()
+
+    def model_info(self) -> dict[str, Any]:
+        """Everything a user may want to know: version, signature, sessions, pinning, settings."""
+        info = self.manager.info()
+        info["config"] = self.config.redacted()
+        info["accepted_not_active"] = self.config.not_yet_active()
+        info["accepted_ignored"] = self.config.foreign_keys(self._raw_config)
+        info["environment"] = self.environment
+        return info
+
+    def close(self) -> None:
+        self.manager.close()
+
+
+def _apply_environment(config: ModelConfig) -> dict[str, str]:
+    """Export OMP_NUM_THREADS / KMP_BLOCKTIME as DeepRec does; report whether it can take effect."""
+    applied = {}
+    for key, value in (("OMP_NUM_THREADS", config.omp_num_threads), ("KMP_BLOCKTIME", config.kmp_blocktime)):
+        if value is not None:
+            os.environ[key] = str(value)
+            late = "tensorflow" in sys.modules
+            applied[key] = f"{value} (set after the engine started: takes effect on restart)" if late else str(value)
+    return applied

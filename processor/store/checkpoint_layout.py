@@ -1,0 +1,129 @@
+"""Reads the checkpoint layout of DESIGN.md and names the version that should be served.
+
+```
+<checkpoint_dir>/<run>/checkpoint                          newest run = newest mtime of this file
+<checkpoint_dir>/<run>/model.ckpt-<step>.index|data-*      full checkpoints; served = highest step
+<checkpoint_dir>/<run>/.incremental_checkpoint/            deltas (or .incremental_ckpt/)
+    incremental_model.ckpt-<step>.index|data-*             served = highest step above the full
+```
+
+A checkpoint counts only when its ``.index`` and every ``.data-NNNNN-of-MMMMM`` shard it names
+exist, so a checkpoint still being copied in is not picked up. Pure functions over a
+:class:`~processor.store.model_store.ModelStore`; thread-safe.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from dataclasses import dataclass
+
+from ..errors import NotFound, Unavailable
+from .model_store import ModelStore
+
+DELTA_DIRS = (".incremental_checkpoint", ".incremental_ckpt")
+_STEP = re.compile(r"^(?P<prefix>.+)-(?P<step>\d+)\.index$")
+_SHARD = re.compile(r"\.data-(\d{5})-of-(\d{5})$")
+
+
+@dataclass(frozen=True, order=True)
+class ModelVersion:
+    """What to serve: a full checkpoint plus, optionally, the newest delta after it.
+
+    ``full_step == -1`` means parameters come from the SavedModel's own variables.
+    Ordered by (full_step, delta_step).
+    """
+
+    full_step: int
+    delta_step: int
+    full_prefix: str = ""
+    delta_prefix: str = ""
+    savedmodel_dir: str = ""
+    run_dir: str = ""
+
+    @property
+    def label(self) -> str:
+        if self.full_step < 0:
+            return "savedmodel"
+        return f"{self.full_step}" if self.delta_step < 0 else f"{self.full_step}+{self.delta_step}"
+
+
+def find_savedmodel(store: ModelStore, savedmodel_dir: str) -> str:
+    """Return ``savedmodel_dir`` if it holds saved_model.pb(txt); else raise Unavailable."""
+    for name in ("saved_model.pb", "saved_model.pbtxt"):
+        if store.exists(posixpath.join(savedmodel_dir, name)):
+            return savedmodel_dir
+    raise Unavailable(f"savedmodel_dir {savedmodel_dir!r} holds no saved_model.pb")
+
+
+def newest_run(store: ModelStore, checkpoint_dir: str) -> str:
+    """The run directory whose ``checkpoint`` file is newest; the dir itself if it is a run."""
+    if store.exists(posixpath.join(checkpoint_dir, "checkpoint")):
+        candidates = [checkpoint_dir]
+    else:
+        candidates = [d for d in store.list_dirs(checkpoint_dir)
+                      if store.exists(posixpath.join(d, "checkpoint"))]
+    if not candidates:
+        raise Unavailable(f"checkpoint_dir {checkpoint_dir!r} holds no run with a 'checkpoint' file")
+    return max(candidates, key=lambda d: (store.mtime(posixpath.join(d, "checkpoint")), d))
+
+
+def complete_checkpoints(store: ModelStore, directory: str) -> dict[int, str]:
+    """Map step -> prefix for every complete checkpoint directly inside ``directory``."""
+    files = set(store.list_files(directory))
+    found: dict[int, str] = {}
+    for name in files:
+        m = _STEP.match(name)
+        if not m:
+            continue
+        prefix = name[: -len(".index")]
+        shards = [f for f in files if f.startswith(prefix + ".data-")]
+        if not shards or not _all_shards(prefix, shards):
+            continue
+        found[int(m.group("step"))] = posixpath.join(directory, prefix)
+    return found
+
+
+def _all_shards(prefix: str, shards: list[str]) -> bool:
+    numbers = set()
+    total = None
+    for shard in shards:
+        m = _SHARD.search(shard)
+        if not m:
+            return False
+        numbers.add(int(m.group(1)))
+        total = int(m.group(2))
+    return total is not None and numbers == set(range(total))
+
+
+def latest_version(store: ModelStore, savedmodel_dir: str, checkpoint_dir: str | None,
+                   pin_full_step: int | None = None) -> ModelVersion:
+    """The version to serve now; ``pin_full_step`` serves that full step (and its deltas).
+
+    Raises Unavailable when nothing servable exists yet, NotFound for a pinned step that is absent.
+    """
+    find_savedmodel(store, savedmodel_dir)
+    if checkpoint_dir is None:
+        return ModelVersion(-1, -1, savedmodel_dir=savedmodel_dir)
+    run = newest_run(store, checkpoint_dir)
+    fulls = {s: p for s, p in complete_checkpoints(store, run).items()
+             if not posixpath.basename(p).startswith("incremental_")}
+    if not fulls:
+        raise Unavailable(f"run {run!r} holds no complete full checkpoint (model.ckpt-<step>)")
+    if pin_full_step is not None:
+        if pin_full_step not in fulls:
+            raise NotFound(f"full checkpoint step {pin_full_step} not found in {run!r}; "
+                           f"available: {sorted(fulls)}")
+        full_step = pin_full_step
+    else:
+        full_step = max(fulls)
+    deltas: dict[int, str] = {}
+    for name in DELTA_DIRS:
+        delta_dir = posixpath.join(run, name)
+        if store.exists(delta_dir):
+            deltas.update(complete_checkpoints(store, delta_dir))
+    later = [s for s in deltas if s > full_step]
+    delta_step = max(later) if later else -1
+    return ModelVersion(full_step, delta_step, full_prefix=fulls[full_step],
+                        delta_prefix=deltas.get(delta_step, ""), savedmodel_dir=savedmodel_dir,
+                        run_dir=run)
