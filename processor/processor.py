@@ -66,8 +66,8 @@ class Processor:
         """
         try:
             if not data:
-                return StatusCode.OK, json.dumps(self.dataplane.signature(self.name)).encode()
-            return StatusCode.OK, self.dataplane.predict(self.name, data)
+                return int(StatusCode.OK), json.dumps(self.dataplane.signature(self.name)).encode()
+            return int(StatusCode.OK), self.dataplane.predict(self.name, data)
         except Exception as exc:
             err = as_processor_error(exc)
             return int(err.code), err.message.encode()
@@ -77,7 +77,7 @@ class Processor:
         try:
             version = self.manager.served_version()
             path = redact_url(version.full_prefix) if version else ""
-            return StatusCode.OK, predict_pb2.ServingModelInfo(model_path=path).SerializeToString()
+            return int(StatusCode.OK), predict_pb2.ServingModelInfo(model_path=path).SerializeToString()
         except Exception as exc:
             err = as_processor_error(exc)
             return int(err.code), err.message.encode()
