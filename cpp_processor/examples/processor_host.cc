@@ -1,0 +1,316 @@
+// processor_host: an example host for libserving_processor.so -- copy it into your RPC server.
+//
+// It does what a serving framework does with the library: dlopen() it (RTLD_LOCAL, the usual
+// way a plugin is loaded), initialize() a model from a model_config JSON file, then call
+// process() (or batch_process()) with a serialized tensorflow.eas.PredictRequest from several
+// threads. Every response is compared with the first one (or with --expect), and the latency
+// percentiles and throughput are printed.
+//
+//   processor_host --config model_config.json --request request.pb [options]
+//
+//   --lib PATH          libserving_processor.so (default: next to this program)
+//   --config FILE       model_config JSON passed to initialize()
+//   --entry STR         model_entry passed to initialize() (default "")
+//   --request FILE      serialized PredictRequest sent by every call
+//   --threads N         host threads (default 1)
+//   --calls M           calls per thread (default 1000)
+//   --warmup K          untimed calls per thread before the timed ones (default 0)
+//   --batch K           use batch_process() with K copies of the request per call
+//   --expect FILE       expected serialized PredictResponse (default: the first response)
+//   --write-first FILE  write the first response to FILE
+//   --ping              also call process() with an empty request and print the signature JSON
+//   --no-finalize       skip finalize() at the end
+//
+// Last line of output: RESULT {json} with the figures, for scripts.
+// Exit status: 0 all calls returned 200 and identical responses; 1 otherwise; 2 initialize
+// failed; 3 bad usage or unreadable files.
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "processor.h"
+
+namespace {
+
+// The C ABI, resolved with dlsym.
+struct Api {
+  void* (*initialize)(const char*, const char*, int*);
+  int (*process)(void*, const void*, int, void**, int*);
+  int (*batch_process)(void*, int, const void* const*, const int*, void**, int*, int*);
+  int (*get_serving_model_info)(void*, void**, int*);
+  void (*finalize)(void*);
+  void (*processor_free)(void*);
+  int (*processor_abi_version)(void);
+};
+
+struct Options {
+  std::string lib, config, entry, request, expect, write_first;
+  int threads = 1, calls = 1000, warmup = 0, batch = 0;
+  bool ping = false, finalize = true;
+};
+
+[[noreturn]] void die(int code, const std::string& msg) {
+  std::fprintf(stderr, "processor_host: %s\n", msg.c_str());
+  std::exit(code);
+}
+
+bool read_file(const std::string& path, std::string* out) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return false;
+  out->assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  return true;
+}
+
+std::string default_lib() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return "libserving_processor.so";
+  std::string exe(buf, static_cast<size_t>(n));
+  return exe.substr(0, exe.rfind('/') + 1) + "libserving_processor.so";
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  o.lib = default_lib();
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) die(3, "missing value for " + a);
+      return argv[++i];
+    };
+    if (a == "--lib") o.lib = value();
+    else if (a == "--config") o.config = value();
+    else if (a == "--entry") o.entry = value();
+    else if (a == "--request") o.request = value();
+    else if (a == "--expect") o.expect = value();
+    else if (a == "--write-first") o.write_first = value();
+    else if (a == "--threads") o.threads = std::atoi(value().c_str());
+    else if (a == "--calls") o.calls = std::atoi(value().c_str());
+    else if (a == "--warmup") o.warmup = std::atoi(value().c_str());
+    else if (a == "--batch") o.batch = std::atoi(value().c_str());
+    else if (a == "--ping") o.ping = true;
+    else if (a == "--no-finalize") o.finalize = false;
+    else die(3, "unknown option " + a + " (see the comment at the top of processor_host.cc)");
+  }
+  if (o.config.empty() || o.request.empty()) die(3, "--config and --request are required");
+  if (o.threads < 1 || o.calls < 0 || o.warmup < 0 || o.batch < 0) die(3, "bad numbers");
+  return o;
+}
+
+template <typename F>
+void load(void* lib, const char* name, F* fn) {
+  *fn = reinterpret_cast<F>(dlsym(lib, name));
+  if (*fn == nullptr) die(3, std::string("symbol not found: ") + name);
+}
+
+// ServingModelInfo{string model_path = 1}: decoded by hand so the host needs no protobuf.
+std::string decode_model_path(const std::string& msg) {
+  size_t i = 0;
+  while (i < msg.size()) {
+    uint64_t key = 0, len = 0;
+    int shift = 0;
+    while (i < msg.size()) {
+      uint8_t b = static_cast<uint8_t>(msg[i++]);
+      key |= static_cast<uint64_t>(b & 0x7f) << shift;
+      shift += 7;
+      if (!(b & 0x80)) break;
+    }
+    if ((key & 7) != 2) return "";  // only length-delimited fields expected
+    shift = 0;
+    while (i < msg.size()) {
+      uint8_t b = static_cast<uint8_t>(msg[i++]);
+      len |= static_cast<uint64_t>(b & 0x7f) << shift;
+      shift += 7;
+      if (!(b & 0x80)) break;
+    }
+    if (len > msg.size() - i) return "";
+    if ((key >> 3) == 1) return msg.substr(i, len);
+    i += len;
+  }
+  return "";
+}
+
+std::string json_escape(const std::string& s) {
+  std::string o;
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') o += '\\', o += static_cast<char>(c);
+    else if (c < 0x20) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\u%04x", c);
+      o += b;
+    } else o += static_cast<char>(c);
+  }
+  return o;
+}
+
+long rss_kb() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::atol(line.c_str() + 6);
+  return -1;
+}
+
+double percentile(const std::vector<double>& sorted, double p) {
+  if (sorted.empty()) return 0.0;
+  size_t k = static_cast<size_t>(p / 100.0 * static_cast<double>(sorted.size() - 1) + 0.5);
+  return sorted[std::min(k, sorted.size() - 1)];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt = parse(argc, argv);
+  std::string config, request, expect;
+  if (!read_file(opt.config, &config)) die(3, "cannot read " + opt.config);
+  if (!read_file(opt.request, &request)) die(3, "cannot read " + opt.request);
+  if (!opt.expect.empty() && !read_file(opt.expect, &expect)) die(3, "cannot read " + opt.expect);
+
+  // RTLD_LOCAL: the library makes libpython global itself, the host need not care.
+  void* lib = dlopen(opt.lib.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) die(3, std::string("dlopen failed: ") + dlerror());
+  Api api{};
+  load(lib, "initialize", &api.initialize);
+  load(lib, "process", &api.process);
+  load(lib, "batch_process", &api.batch_process);
+  load(lib, "get_serving_model_info", &api.get_serving_model_info);
+  load(lib, "finalize", &api.finalize);
+  load(lib, "processor_free", &api.processor_free);
+  load(lib, "processor_abi_version", &api.processor_abi_version);
+  if (api.processor_abi_version() != PROCESSOR_ABI_VERSION)
+    die(3, "library ABI version " + std::to_string(api.processor_abi_version()) +
+               ", host built for " + std::to_string(PROCESSOR_ABI_VERSION));
+
+  auto t_init = std::chrono::steady_clock::now();
+  int state = -1;
+  void* model = api.initialize(opt.entry.c_str(), config.c_str(), &state);
+  double init_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_init).count();
+  if (state != 0 || model == nullptr) {
+    std::printf("RESULT {\"initialized\": false, \"state\": %d}\n", state);
+    return 2;
+  }
+  std::printf("initialized in %.2f s\n", init_s);
+
+  if (opt.ping) {
+    void* out = nullptr;
+    int n = 0;
+    int st = api.process(model, nullptr, 0, &out, &n);
+    std::printf("ping: status %d, %.*s\n", st, n, static_cast<const char*>(out));
+    api.processor_free(out);
+  }
+
+  // One call that every other response is compared with.
+  const int batch = opt.batch;
+  std::vector<const void*> batch_in(std::max(batch, 1), request.data());
+  std::vector<int> batch_in_size(std::max(batch, 1), static_cast<int>(request.size()));
+  auto call = [&](std::string* first_out, int* first_status) -> void {
+    void* out = nullptr;
+    int n = 0;
+    *first_status = api.process(model, request.data(), static_cast<int>(request.size()), &out, &n);
+    first_out->assign(static_cast<const char*>(out), static_cast<size_t>(n));
+    api.processor_free(out);
+  };
+  std::string reference;
+  int first_status = 0;
+  call(&reference, &first_status);
+  if (first_status != 200)
+    std::fprintf(stderr, "processor_host: first call returned %d: %s\n", first_status,
+                 reference.c_str());
+  if (!opt.write_first.empty()) {
+    std::ofstream f(opt.write_first, std::ios::binary);
+    f.write(reference.data(), static_cast<std::streamsize>(reference.size()));
+  }
+  bool expect_ok = expect.empty() || expect == reference;
+  if (!expect.empty() && !expect_ok)
+    std::fprintf(stderr, "processor_host: first response differs from --expect\n");
+
+  std::atomic<long> mismatches{0}, errors{0};
+  std::vector<std::vector<double>> lat(opt.threads);
+  long rss_before = rss_kb();
+  auto worker = [&](int t) {
+    std::vector<void*> out(std::max(batch, 1));
+    std::vector<int> out_size(std::max(batch, 1)), status(std::max(batch, 1));
+    lat[t].reserve(static_cast<size_t>(opt.calls));
+    for (int c = 0; c < opt.warmup + opt.calls; ++c) {
+      auto t0 = std::chrono::steady_clock::now();
+      int k = 1;
+      if (batch > 0) {
+        k = batch;
+        (void)api.batch_process(model, batch, batch_in.data(), batch_in_size.data(), out.data(),
+                                out_size.data(), status.data());
+      } else {
+        status[0] = api.process(model, request.data(), static_cast<int>(request.size()), &out[0],
+                                &out_size[0]);
+      }
+      auto t1 = std::chrono::steady_clock::now();
+      if (c >= opt.warmup)
+        lat[t].push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+      for (int i = 0; i < k; ++i) {
+        if (status[i] != 200) errors.fetch_add(1, std::memory_order_relaxed);
+        else if (static_cast<size_t>(out_size[i]) != reference.size() ||
+                 std::memcmp(out[i], reference.data(), reference.size()) != 0)
+          mismatches.fetch_add(1, std::memory_order_relaxed);
+        api.processor_free(out[i]);
+      }
+    }
+  };
+  auto t_start = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < opt.threads; ++t) threads.emplace_back(worker, t);
+  for (auto& th : threads) th.join();
+  double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  long rss_after = rss_kb();
+
+  std::vector<double> all;
+  for (auto& v : lat) all.insert(all.end(), v.begin(), v.end());
+  std::sort(all.begin(), all.end());
+  double mean = 0;
+  for (double x : all) mean += x;
+  mean = all.empty() ? 0 : mean / static_cast<double>(all.size());
+  long total = static_cast<long>(all.size());
+  double rps = wall > 0 ? static_cast<double>(total) / wall : 0;
+
+  void* info = nullptr;
+  int info_size = 0;
+  int info_status = api.get_serving_model_info(model, &info, &info_size);
+  std::string info_bytes(static_cast<const char*>(info), static_cast<size_t>(info_size));
+  api.processor_free(info);
+  std::string model_path = info_status == 200 ? decode_model_path(info_bytes) : info_bytes;
+
+  std::printf("model_path: %s (status %d)\n", model_path.c_str(), info_status);
+  std::printf("%d threads x %d calls%s: %ld ok, %ld errors, %ld mismatches\n", opt.threads,
+              opt.calls, batch > 0 ? (" (batch_process x" + std::to_string(batch) + ")").c_str() : "",
+              total - errors.load(), errors.load(), mismatches.load());
+  std::printf("latency us: p50 %.1f  p90 %.1f  p99 %.1f  mean %.1f  max %.1f\n",
+              percentile(all, 50), percentile(all, 90), percentile(all, 99), mean,
+              all.empty() ? 0.0 : all.back());
+  std::printf("throughput: %.0f calls/s (%.3f s)\n", rps, wall);
+
+  if (opt.finalize) api.finalize(model);
+  std::printf(
+      "RESULT {\"initialized\": true, \"init_s\": %.3f, \"threads\": %d, \"calls_per_thread\": %d, "
+      "\"batch\": %d, \"total\": %ld, \"errors\": %ld, \"mismatches\": %ld, \"first_status\": %d, "
+      "\"expect_ok\": %s, \"p50_us\": %.2f, \"p90_us\": %.2f, \"p99_us\": %.2f, \"mean_us\": %.2f, "
+      "\"max_us\": %.2f, \"wall_s\": %.4f, \"calls_per_s\": %.1f, \"info_status\": %d, "
+      "\"model_path\": \"%s\", \"rss_before_kb\": %ld, \"rss_after_kb\": %ld}\n",
+      init_s, opt.threads, opt.calls, batch, total, errors.load(), mismatches.load(), first_status,
+      expect_ok ? "true" : "false", percentile(all, 50), percentile(all, 90), percentile(all, 99),
+      mean, all.empty() ? 0.0 : all.back(), wall, rps, info_status,
+      json_escape(model_path).c_str(), rss_before, rss_after);
+  std::fflush(stdout);
+  bool ok = first_status == 200 && expect_ok && errors.load() == 0 && mismatches.load() == 0;
+  return ok ? 0 : 1;
+}

@@ -1,0 +1,125 @@
+"""A stand-in for ``processor.abi`` used by the C ABI tests and the overhead benchmark.
+
+Load it into libserving_processor.so with ``SERVING_PROCESSOR_MODULE=c_abi_fake_abi`` (and this
+directory on ``PYTHONPATH``). It needs no model: ``process`` echoes the request (or returns a
+fixed response of a chosen size), so what is measured or tested is the library itself.
+``initialize`` takes a JSON config with optional keys:
+
+* ``"fail"``: a message; initialize raises a ProcessorError-like error (code 400) with it.
+* ``"crash"``: initialize raises a plain RuntimeError with this text.
+* ``"misbehave"``: ``"raise"`` (process raises), ``"badtype"`` (returns a list),
+  ``"badpayload"`` (payload is an int), ``"badstatus"`` (status is a str).
+* ``"response_size"``: process returns this many bytes instead of echoing.
+* ``"model_path"``: what get_serving_model_info reports; ``"@thread_states"`` reports the
+  number of Python thread states of the interpreter instead (to check that the library deletes
+  the state it made for a host thread when that thread exits).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+ABI_VERSION = 1
+
+
+class FakeError(Exception):
+    """Duck-types processor.errors.ProcessorError: an int ``code`` and a str ``message``."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class Handle:
+    def __init__(self, entry: str, cfg: dict) -> None:
+        self.entry = entry
+        self.cfg = cfg
+        self.misbehave = cfg.get("misbehave")
+        size = cfg.get("response_size")
+        self.fixed = None if size is None else bytes(i % 251 for i in range(int(size)))
+        self.model_path = cfg.get("model_path", "/fake/model.ckpt-1")
+        self.finalized = 0
+        self.lock = threading.Lock()
+
+
+def initialize(model_entry: str, model_config: str) -> Handle:
+    cfg = json.loads(model_config)  # a JSONDecodeError is a plain exception: C maps it to 500
+    if "fail" in cfg:
+        raise FakeError(str(cfg["fail"]), 400)
+    if "crash" in cfg:
+        raise RuntimeError(str(cfg["crash"]))
+    return Handle(model_entry, cfg)
+
+
+def _one(handle: Handle, data: bytes) -> tuple[int, bytes]:
+    if handle.finalized:
+        return 503, b"model finalized"
+    if len(data) == 0:
+        return 200, json.dumps({"signature_name": "serving_default", "fake": True}).encode()
+    if data[:1] == b"\xff":
+        return 400, "cannot parse request: garbage \u00e9".encode()
+    if handle.fixed is not None:
+        return 200, handle.fixed
+    return 200, data
+
+
+def process(handle: Handle, data: bytes):
+    m = handle.misbehave
+    if m == "raise":
+        raise ValueError("boom")
+    if m == "badtype":
+        return [200, data]
+    if m == "badpayload":
+        return 200, 12345
+    if m == "badstatus":
+        return "200", data
+    return _one(handle, data)
+
+
+def batch_process(handle: Handle, requests: list[bytes]):
+    if handle.misbehave == "raise":
+        raise ValueError("boom")
+    if handle.misbehave == "badtype":
+        return [(200, b"x")]  # wrong length
+    return [_one(handle, r) for r in requests]
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _thread_states() -> int:
+    import ctypes
+
+    api = ctypes.pythonapi
+    api.PyInterpreterState_Get.restype = ctypes.c_void_p
+    api.PyInterpreterState_ThreadHead.restype = ctypes.c_void_p
+    api.PyInterpreterState_ThreadHead.argtypes = [ctypes.c_void_p]
+    api.PyThreadState_Next.restype = ctypes.c_void_p
+    api.PyThreadState_Next.argtypes = [ctypes.c_void_p]
+    n, ts = 0, api.PyInterpreterState_ThreadHead(api.PyInterpreterState_Get())
+    while ts:
+        n += 1
+        ts = api.PyThreadState_Next(ts)
+    return n
+
+
+def get_serving_model_info(handle: Handle) -> tuple[int, bytes]:
+    path = handle.model_path
+    if path == "@thread_states":
+        path = str(_thread_states())
+    path = path.encode()
+    return 200, b"\x0a" + _varint(len(path)) + path  # ServingModelInfo{model_path = 1}
+
+
+def finalize(handle: Handle) -> None:
+    with handle.lock:
+        handle.finalized += 1
