@@ -1,0 +1,75 @@
+"""Helpers shared by the benchmarks: timed thread loops, memory readings, result files."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def run_threads(call: Callable[[int], object], threads: int, seconds: float,
+                warmup_calls: int = 20) -> dict:
+    """Call ``call(thread_index)`` in a loop from ``threads`` threads for ``seconds``.
+
+    Returns calls/s over all threads and latency percentiles in microseconds.
+    """
+    for i in range(threads):
+        for _ in range(warmup_calls):
+            call(i)
+    latencies: list[list[float]] = [[] for _ in range(threads)]
+    start = threading.Barrier(threads + 1)
+    stop_at = [0.0]
+
+    def worker(i: int) -> None:
+        own = latencies[i]
+        start.wait()
+        clock = time.perf_counter
+        while True:
+            t0 = clock()
+            call(i)
+            t1 = clock()
+            own.append(t1 - t0)
+            if t1 >= stop_at[0]:
+                return
+
+    pool = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    for t in pool:
+        t.start()
+    began = time.perf_counter()
+    stop_at[0] = began + seconds
+    start.wait()
+    for t in pool:
+        t.join()
+    elapsed = time.perf_counter() - began
+    flat = sorted(x for own in latencies for x in own)
+    return {
+        "calls": len(flat),
+        "calls_per_s": len(flat) / elapsed,
+        "p50_us": flat[len(flat) // 2] * 1e6,
+        "p99_us": flat[min(len(flat) - 1, int(len(flat) * 0.99))] * 1e6,
+        "mean_us": statistics.fmean(flat) * 1e6,
+    }
+
+
+def memory_of(pid: int | str = "self") -> dict:
+    """Resident and proportional set size of a process, in MiB."""
+    out = {}
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key in ("Rss", "Pss"):
+                out[key.lower() + "_mib"] = int(rest.split()[0]) / 1024
+    return out
+
+
+def write_results(name: str, payload: dict, markdown: str) -> None:
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(payload, indent=2) + "\n")
+    (RESULTS / f"{name}.md").write_text(markdown + "\n")
+    print(markdown)
+    print(f"\nwrote {RESULTS / (name + '.json')} and .md")
