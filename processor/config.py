@@ -40,9 +40,6 @@ NOT_YET_ACTIVE: dict[str, str] = {
     "gpu_ids_list": "GPU execution",
     "use_multi_stream": "GPU execution",
     "enable_device_placement_optimization": "device placement optimization",
-    "model_update_inter_threads": "hot update",
-    "model_update_intra_threads": "hot update",
-    "warmup_file_name": "warmup",
     "lock_timeout": "Redis feature store",
     "read_thread_num": "Redis feature store",
     "update_thread_num": "Redis feature store",
@@ -56,8 +53,6 @@ NOT_YET_ACTIVE: dict[str, str] = {
     "timeline_trace_count": "timeline tracing",
     "timeline_path": "timeline tracing",
     "shard_embedding": "embedding sharding",
-    "file_system_poll_wait_seconds": "hot update",
-    "restore_model_version": "rollback",
 }
 
 FeatureStoreType = Literal["memory", "local", "redis", "cluster_redis"]

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..checkpoint.delta import Delta, VariableInfo
 from ..signature import Signature
 
 
@@ -26,6 +27,15 @@ class Backend(Protocol):
 
     def run(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]) -> list[np.ndarray]:
         """Run the signature on ``lane``: feeds keyed by input alias, fetches by output alias."""
+        ...
+
+    @property
+    def variables(self) -> dict[str, VariableInfo]:
+        """The parameters a delta may update, by checkpoint name."""
+        ...
+
+    def apply_delta(self, delta: Delta) -> None:
+        """Write a checked delta into the weights all lanes share. Called with no run in flight."""
         ...
 
     def describe(self) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """SessionGroup: the servable. N sessions (lanes) over ONE copy of the weights.
 
 The group owns a :class:`~processor.engine.backend.Backend` and picks a lane per call with the
-configured policy (``MOD`` or ``RR``). ``run`` is thread-safe. The group is closed by its
+configured policy (``MOD`` or ``RR``). ``run`` is thread-safe. A delta is applied in place with
+:meth:`SessionGroup.apply_delta`, alone (an :class:`UpdateGate` holds requests back for the
+few milliseconds of the write), so each request sees one version. The group is closed by its
 :class:`~processor.manager.servable_handle.ServableHandle` once no request uses it.
 """
 
@@ -12,12 +14,14 @@ from typing import Any
 
 import numpy as np
 
+from ..checkpoint.delta import Delta
 from ..config import ModelConfig
 from ..errors import ConfigError
 from ..signature import Signature
 from ..store.checkpoint_layout import ModelVersion
 from .backend import Backend
 from .lane_policy import LanePolicy
+from .update_gate import UpdateGate
 
 
 class SessionGroup:
@@ -28,6 +32,7 @@ class SessionGroup:
         self.version = version
         self.load_seconds = load_seconds
         self._policy = LanePolicy(policy, backend.lanes)
+        self._gate = UpdateGate()
 
     @property
     def signature(self) -> Signature:
@@ -39,11 +44,21 @@ class SessionGroup:
 
     def run(self, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]) -> list[np.ndarray]:
         """Run on the lane the policy picks for the calling thread."""
-        return self.backend.run(self._policy.pick(), feeds, fetches)
+        with self._gate.shared():
+            return self.backend.run(self._policy.pick(), feeds, fetches)
 
     def run_on(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]) -> list[np.ndarray]:
         """Run on a given lane (warmup visits every lane)."""
-        return self.backend.run(lane, feeds, fetches)
+        with self._gate.shared():
+            return self.backend.run(lane, feeds, fetches)
+
+    def apply_delta(self, delta: Delta, version: ModelVersion) -> float:
+        """Write a checked delta into the live weights; return the seconds requests were held."""
+        started = time.monotonic()
+        with self._gate.exclusive():
+            self.backend.apply_delta(delta)
+            self.version = version
+        return time.monotonic() - started
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -13,6 +13,7 @@ variables), run the main / legacy init op. Thread-safe after construction (TF ca
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
@@ -20,11 +21,14 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import Internal, InvalidArgument, NotFound, ProcessorError
+from ..checkpoint.delta import Delta, VariableInfo
 from ..signature import Signature, TensorSpec
 from ..store.checkpoint_layout import ModelVersion
 from . import pinning
+from .tf_variables import VariableUpdater
 
 SERVE_TAGS = ["serve"]
+UPDATE_POOL_NAME = "processor_model_update"
 
 
 def _tf():
@@ -67,6 +71,13 @@ class TensorFlowBackend:
             for _ in range(lanes):
                 session_config.session_inter_op_thread_pool.add(
                     num_threads=config.inter_op_parallelism_threads)
+        # Loads and deltas run on their own process-wide pool, never on a serving lane's.
+        update_pool = 0
+        if config.model_update_inter_threads:
+            update_pool = len(session_config.session_inter_op_thread_pool)
+            session_config.session_inter_op_thread_pool.add(
+                num_threads=config.model_update_inter_threads, global_name=UPDATE_POOL_NAME)
+        self._update_options = tf.compat.v1.RunOptions(inter_op_thread_pool=update_pool)
         if config.enable_inline_execute:
             pools = [-1] * lanes
         elif per_lane_pools:
@@ -92,14 +103,15 @@ class TensorFlowBackend:
             self._session = tf.compat.v1.Session(graph=self._graph, config=session_config)
         try:
             with self._graph.as_default():
-                saver, _ = loader.load_graph(self._graph, SERVE_TAGS)
-                if version.full_prefix:
-                    if saver is None:
-                        raise Internal("the SavedModel has no saver_def; cannot restore a checkpoint")
-                    saver.restore(self._session, version.full_prefix)
-                else:
-                    loader.restore_variables(self._session, saver)
+                loader.load_graph(self._graph, SERVE_TAGS)
+                saver_def = meta_graph.saver_def
+                if not saver_def.restore_op_name:
+                    raise Internal("the SavedModel has no saver_def; cannot restore its parameters")
+                prefix = version.full_prefix or os.path.join(version.savedmodel_dir, "variables", "variables")
+                self._session.run(saver_def.restore_op_name, {saver_def.filename_tensor_name: prefix},
+                                  options=self._update_options)
                 loader.run_init_ops(self._session, SERVE_TAGS)
+            self._updater = VariableUpdater(self._graph, self._session, self._update_options)
         except ProcessorError:
             self.close()
             raise
@@ -131,6 +143,17 @@ class TensorFlowBackend:
                 fn = self._session.make_callable(tensors, self._feed_tensors, accept_options=True)
                 self._callables[fetches] = fn
         return fn
+
+    # --- parameter updates ------------------------------------------------------------------
+
+    @property
+    def variables(self) -> dict[str, VariableInfo]:
+        """The model's variables by checkpoint name: what a delta may update."""
+        return self._updater.variables
+
+    def apply_delta(self, delta: Delta) -> None:
+        """Write a checked delta into the live weights, in one run on the update pool."""
+        self._updater.apply(delta)
 
     # --- facts ------------------------------------------------------------------------------
 
@@ -170,6 +193,9 @@ class TensorFlowBackend:
             "inter_op_pool_per_lane": [o.inter_op_thread_pool for o in opts],
             "inter_op_parallelism_threads": self._config.inter_op_parallelism_threads,
             "intra_op_parallelism_threads": self._config.intra_op_parallelism_threads,
+            "update_pool": (f"{self._config.model_update_inter_threads} inter-op threads of its own"
+                            if self._config.model_update_inter_threads else "the session's default pool")
+                           + "; intra-op work shares the process-wide pool",
             "pinning": self._pinning,
         }
 

@@ -1,12 +1,23 @@
-"""ModelManager: owns one model's servable versions and hands out handles.
+"""ModelManager: owns one model's versions, keeps the right one serving, hands out handles.
 
-Loading happens off the request path: :meth:`start` loads the first version (waiting up to
-``init_timeout_minutes`` for one to appear), :meth:`load` loads another into a new SessionGroup
-and swaps it in atomically; the old group is retired and freed once its in-flight requests end.
-Requests call :meth:`acquire`, a context manager yielding the serving SessionGroup.
+Off the request path it reconciles the version the store declares (through the
+:class:`~processor.store.version_watcher.VersionWatcher`) with the one loaded:
 
-Thread safety: ``acquire`` may be called from any number of threads; ``start``/``load``/
-``close`` are serialized by an internal lock.
+* a new full checkpoint (or another run) -> load a new SessionGroup (with the newest delta
+  applied), warm up every lane, swap it in atomically; the old group is retired and freed once
+  its in-flight requests end;
+* a newer delta on the same full -> read and check it, then apply it to the live group in one
+  step (no reload, no second copy of the weights);
+* any failure (unreadable, truncated, mismatched checkpoint; warmup error) -> the served version
+  keeps serving, the error is recorded in :meth:`info`, and that version is retried with
+  exponential backoff; a newer version is tried at once.
+
+Rollback: :meth:`rollback` serves the previously served version and pins it; :meth:`pin` serves
+a given full step; :meth:`unpin` follows the newest again. ``restore_model_version`` in the config
+pins at start.
+
+Thread safety: :meth:`acquire` may be called from any number of threads; everything that loads
+or swaps is serialized by an internal lock.
 """
 
 from __future__ import annotations
@@ -16,18 +27,37 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
+from ..checkpoint.delta import read_delta
 from ..config import ModelConfig
 from ..engine.session_group import SessionGroup, open_session_group
-from ..errors import ProcessorError, Unavailable, as_processor_error
+from ..errors import NotFound, ProcessorError, Unavailable, as_processor_error
 from ..store.checkpoint_layout import ModelVersion, latest_version
 from ..store.model_store import ModelStore
+from ..store.version_watcher import VersionWatcher
 from .servable_handle import ServableHandle
+from .warmup import plan_warmup, read_warmup_file, warm_up
 
 log = logging.getLogger(__name__)
 
 _INIT_POLL_SECONDS = 1.0
+_MAX_BACKOFF_SECONDS = 300.0
+_HISTORY = 16
+
+
+@dataclass
+class _Failure:
+    attempts: int
+    retry_at: float
+    error: str
+
+
+def needs_full_load(served: ModelVersion, target: ModelVersion) -> bool:
+    """True unless ``target`` is ``served`` plus a newer delta on the same full checkpoint."""
+    return (served.full_prefix != target.full_prefix or served.full_step != target.full_step
+            or target.delta_step < served.delta_step)
 
 
 class ModelManager:
@@ -38,17 +68,29 @@ class ModelManager:
         self.config = config
         self.store = store or ModelStore.for_path(config.savedmodel_dir)
         self._current: ServableHandle | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._pinned: ModelVersion | None = None
+        self._pinned_full: int | None = config.restore_model_version
+        self._history: list[ModelVersion] = []
+        self._failures: dict[ModelVersion, _Failure] = {}
+        self._warmup_file: bytes | None = None
+        self._watcher: VersionWatcher | None = None
         self.state = "new"
         self.last_error: str | None = None
+        self.last_warmup: dict | None = None
+        self.stats = {"full_loads": 0, "delta_updates": 0, "failed_updates": 0,
+                      "last_full_load_seconds": None, "last_delta_seconds": None,
+                      "last_delta_hold_seconds": None}
 
     # --- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Load the first version; raise the load's ProcessorError if none can be served.
+        """Load the first version, then watch for new ones; raise if none can be served.
 
         Waits up to ``init_timeout_minutes`` (-1: forever) for a version to appear.
         """
+        if self.config.warmup_file_name:
+            self._warmup_file = read_warmup_file(self.config.warmup_file_name)
         timeout = self.config.init_timeout_minutes
         deadline = None if timeout < 0 else time.monotonic() + timeout * 60
         while True:
@@ -56,46 +98,148 @@ class ModelManager:
                 version = self.discover()
                 break
             except Unavailable as exc:
-                self._fail(exc)
+                self._note_error(exc)
                 if deadline is not None and time.monotonic() >= deadline:
                     raise
                 log.info("%s: %s; waiting for a version", self.name, exc)
                 time.sleep(_INIT_POLL_SECONDS)
         self.load(version)
+        if self.config.checkpoint_dir and self.config.file_system_poll_wait_seconds > 0:
+            self._watcher = VersionWatcher(self.name, self.discover, self.reconcile,
+                                           self.config.file_system_poll_wait_seconds)
+            self._watcher.start()
 
     def discover(self) -> ModelVersion:
-        """The version the store says should be served now."""
+        """The version that should be served now (the pinned one, if any)."""
+        if self._pinned is not None:
+            return self._pinned
         return latest_version(self.store, self.config.savedmodel_dir, self.config.checkpoint_dir,
-                              pin_full_step=self.config.restore_model_version)
+                              pin_full_step=self._pinned_full)
+
+    def reconcile(self, target: ModelVersion) -> None:
+        """Make ``target`` the served version (full load or delta); keep serving on failure."""
+        with self._lock:
+            served = self.served_version()
+            if served == target or self.state == "closed":
+                return
+            failure = self._failures.get(target)
+            if failure is not None and time.monotonic() < failure.retry_at:
+                return
+            try:
+                if served is None or needs_full_load(served, target):
+                    self._load_locked(target)
+                else:
+                    self._apply_delta_locked(target)
+            except ProcessorError as err:
+                self._record_failure(target, err)
 
     def load(self, version: ModelVersion) -> None:
-        """Load ``version`` into a new group and swap it in; on failure keep the served one."""
+        """Load ``version`` into a new group and swap it in; raise (and keep serving) on failure."""
         with self._lock:
-            self.state = "loading" if self._current is None else self.state
             try:
-                group = open_session_group(self.config, version)
-            except Exception as exc:
-                err = as_processor_error(exc)
-                self._fail(err)
-                raise err from None
-            self._swap(ServableHandle(group))
-            self.state = "ready"
-            self.last_error = None
-            log.info("%s: serving version %s (loaded in %.2f s)", self.name, version.label,
-                     group.load_seconds)
+                self._load_locked(version)
+            except ProcessorError as err:
+                self._record_failure(version, err)
+                raise
 
-    def _swap(self, handle: ServableHandle) -> None:
-        old, self._current = self._current, handle
+    def _load_locked(self, version: ModelVersion) -> None:
+        if self._current is None:
+            self.state = "loading"
+        started = time.monotonic()
+        try:
+            group = open_session_group(self.config, version)
+        except Exception as exc:
+            raise as_processor_error(exc) from None
+        try:
+            if version.delta_prefix:
+                group.apply_delta(read_delta(version.delta_prefix, version.delta_step,
+                                             group.backend.variables), version)
+            if self._current is None:
+                self.state = "warming"
+            self.last_warmup = warm_up(group, plan_warmup(group.signature, version.savedmodel_dir,
+                                                          self._warmup_file))
+        except Exception as exc:
+            group.close()
+            err = as_processor_error(exc)
+            raise type(err)(f"version {version.label} rejected: {err.message}", err.code) from None
+        old, self._current = self._current, ServableHandle(group)
         if old is not None:
             old.retire()
+        self._served(version, "full_loads", "last_full_load_seconds", time.monotonic() - started)
 
-    def _fail(self, err: ProcessorError) -> None:
+    def _apply_delta_locked(self, version: ModelVersion) -> None:
+        started = time.monotonic()
+        handle = self._current
+        delta = read_delta(version.delta_prefix, version.delta_step, handle.group.backend.variables)
+        hold = handle.group.apply_delta(delta, version)
+        self.stats["last_delta_hold_seconds"] = round(hold, 6)
+        self._served(version, "delta_updates", "last_delta_seconds", time.monotonic() - started)
+        log.info("%s: applied delta %s (%d rows, %d dense tensors)", self.name, version.label,
+                 delta.changed_rows, len(delta.dense))
+
+    def _served(self, version: ModelVersion, counter: str, timing: str, seconds: float) -> None:
+        self.stats[counter] += 1
+        self.stats[timing] = round(seconds, 4)
+        self._failures.pop(version, None)
+        self._history = [v for v in self._history if v != version][-(_HISTORY - 1):] + [version]
+        self.state = "ready"
+        self.last_error = None
+        log.info("%s: serving version %s (%.3f s)", self.name, version.label, seconds)
+
+    def _record_failure(self, version: ModelVersion, err: ProcessorError) -> None:
+        previous = self._failures.get(version)
+        attempts = previous.attempts + 1 if previous else 1
+        interval = max(self.config.file_system_poll_wait_seconds, 1.0)
+        backoff = min(interval * 2 ** (attempts - 1), _MAX_BACKOFF_SECONDS)
+        self._failures[version] = _Failure(attempts, time.monotonic() + backoff, err.message)
+        self.stats["failed_updates"] += 1
+        self._note_error(err)
+        log.warning("%s: version %s failed (attempt %d, retry in %.0f s): %s", self.name,
+                    version.label, attempts, backoff, err.message)
+
+    def _note_error(self, err: ProcessorError) -> None:
         self.last_error = err.message
         if self._current is None:
             self.state = "failed"
 
+    # --- rollback and pinning ---------------------------------------------------------------
+
+    def rollback(self) -> ModelVersion:
+        """Serve the previously served version and pin it; NotFound if there is none."""
+        with self._lock:
+            if len(self._history) < 2:
+                raise NotFound(f"model {self.name!r} has no previous version to roll back to")
+            target = self._history[-2]
+            self.load(target)
+            self._pinned = target
+            return target
+
+    def pin(self, full_step: int) -> ModelVersion:
+        """Serve full checkpoint ``full_step`` (no deltas) until :meth:`unpin`."""
+        with self._lock:
+            version = latest_version(self.store, self.config.savedmodel_dir, self.config.checkpoint_dir,
+                                     pin_full_step=full_step)
+            version = ModelVersion(version.full_step, -1, full_prefix=version.full_prefix,
+                                   savedmodel_dir=version.savedmodel_dir, run_dir=version.run_dir)
+            if version != self.served_version():
+                self.load(version)
+            self._pinned = version
+            return version
+
+    def unpin(self) -> ModelVersion:
+        """Follow the newest version again; returns it once it serves."""
+        with self._lock:
+            self._pinned = None
+            self._pinned_full = None
+            target = self.discover()
+            if target != self.served_version():
+                self.load(target)
+            return target
+
     def close(self) -> None:
-        """Stop serving; the group is freed once in-flight requests end."""
+        """Stop watching and serving; the group is freed once in-flight requests end."""
+        if self._watcher is not None:
+            self._watcher.stop(timeout=5)
         with self._lock:
             old, self._current = self._current, None
             self.state = "closed"
@@ -137,13 +281,25 @@ class ModelManager:
 
     def info(self) -> dict[str, Any]:
         handle = self._current
-        out: dict[str, Any] = {"name": self.name, "state": self.state, "last_error": self.last_error}
+        out: dict[str, Any] = {
+            "name": self.name, "state": self.state, "last_error": self.last_error,
+            "pinned": self._pinned.label if self._pinned else self._pinned_full,
+            "history": [v.label for v in self._history],
+            "failed_versions": [{"version": v.label, "attempts": f.attempts, "error": f.error}
+                                for v, f in self._failures.items()],
+            "updates": dict(self.stats),
+            "warmup": self.last_warmup,
+            "watcher": None if self._watcher is None else {
+                "interval_seconds": self._watcher.interval, "polls": self._watcher.polls,
+                "errors": self._watcher.errors, "last_poll": self._watcher.last_poll},
+        }
         if handle is not None:
             group = handle.group
             v = group.version
             out.update({
                 "version": {"label": v.label, "full_step": v.full_step, "delta_step": v.delta_step,
-                            "full_checkpoint": v.full_prefix, "run_dir": v.run_dir},
+                            "full_checkpoint": v.full_prefix, "delta_checkpoint": v.delta_prefix,
+                            "run_dir": v.run_dir},
                 "signature": group.signature.describe(),
                 "session_group": group.describe(),
             })

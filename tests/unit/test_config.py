@@ -128,11 +128,9 @@ def test_foreign_deeprec_keys_are_accepted_and_reported():
 
 
 def test_later_features_are_reported_not_active():
-    c = cfg(warmup_file_name="/w.bin", timeline_start_step=1, timeline_interval_step=2,
-            timeline_trace_count=3, timeline_path="/tmp/tl")
-    inactive = c.not_yet_active()
-    assert inactive["warmup_file_name"] == "warmup"
-    assert inactive["timeline_path"] == "timeline tracing"
+    inactive = cfg(ev_storage_type=12, ev_storage_path="/ssd", session_num=2).not_yet_active()
+    assert inactive == {"ev_storage_type": "embedding storage tiers",
+                        "ev_storage_path": "embedding storage tiers"}
 
 
 def test_local_and_memory_feature_store():

@@ -1,0 +1,1 @@
+"""Checkpoints: the trainer-side writer (full + incremental) and the reader of deltas."""

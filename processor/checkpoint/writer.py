@@ -1,0 +1,128 @@
+"""Trainer-side writer of full and incremental checkpoints in the DESIGN.md layout.
+
+```
+<run_dir>/model.ckpt-<step>.index|data                               full: every model variable
+<run_dir>/.incremental_checkpoint/incremental_model.ckpt-<step>.*    delta since the last full
+<run_dir>/checkpoint                                                  TF checkpoint state
+```
+
+A delta is cumulative since the full checkpoint it follows: for every embedding table, the rows
+that differ from that full checkpoint, in the EmbeddingVariable export naming
+(``<table>-keys`` int64 row ids, ``<table>-values`` [n, dim], ``<table>-freqs`` how many deltas
+changed the row, ``<table>-versions`` the step of its last change); every other variable whole,
+under its own name. Every checkpoint is published atomically (:mod:`.publish`).
+
+Use from any TensorFlow graph-mode training loop::
+
+    writer = CheckpointWriter(sess, run_dir, model_variables)
+    writer.save_full(step)     # every F seconds
+    writer.save_delta(step)    # every D seconds
+
+Not thread-safe: call from the training thread. Holds a copy of the embedding tables as of the
+last full checkpoint (the baseline deltas are computed against).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from .publish import publish_checkpoint
+from .tensor_file import write_tensors
+
+FULL_BASENAME = "model.ckpt"
+DELTA_DIR = ".incremental_checkpoint"
+DELTA_BASENAME = "incremental_model.ckpt"
+EV_SUFFIXES = ("-keys", "-values", "-freqs", "-versions")
+
+
+def variable_name(variable) -> str:
+    """The checkpoint key of a graph-mode variable (its op name)."""
+    return variable.op.name
+
+
+def embedding_tables(variables: Sequence) -> list:
+    """The variables an embedding lookup reads: 2-D variables consumed by a gather op."""
+    tables = []
+    for v in variables:
+        if len(v.shape) != 2:
+            continue
+        consumers = {c.type for c in v.op.outputs[0].consumers()}
+        if consumers & {"ResourceGather", "GatherV2", "Gather", "ResourceGatherNd"}:
+            tables.append(v)
+    return tables
+
+
+class CheckpointWriter:
+    """See the module doc. ``tables`` defaults to :func:`embedding_tables` of ``variables``."""
+
+    def __init__(self, session, run_dir: Path, variables: Sequence, tables: Sequence | None = None) -> None:
+        import tensorflow as tf
+
+        self.session = session
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.variables = list(variables)
+        self.tables = list(tables) if tables is not None else embedding_tables(self.variables)
+        table_ops = {t.op.name for t in self.tables}
+        self.dense = [v for v in self.variables if v.op.name not in table_ops]
+        with session.graph.as_default():
+            self._saver = tf.compat.v1.train.Saver(var_list=self.variables, sharded=False)
+        self._baseline: dict[str, np.ndarray] | None = None
+        self._freqs: dict[str, np.ndarray] = {}
+        self._versions: dict[str, np.ndarray] = {}
+        self.full_step: int | None = None
+
+    def save_full(self, step: int) -> Path:
+        """Publish ``model.ckpt-<step>`` with every variable; it becomes the delta baseline."""
+        prefix = publish_checkpoint(self.run_dir, FULL_BASENAME, step, lambda tmp: self._saver.save(
+            self.session, tmp, write_meta_graph=False, write_state=False))
+        values = self.session.run(self.tables)
+        self._baseline = {variable_name(t): v for t, v in zip(self.tables, values)}
+        self._freqs = {n: np.zeros(v.shape[0], np.int64) for n, v in self._baseline.items()}
+        self._versions = {n: np.full(v.shape[0], -1, np.int64) for n, v in self._baseline.items()}
+        self.full_step = step
+        self._write_state(prefix)
+        return prefix
+
+    def save_delta(self, step: int) -> Path:
+        """Publish ``incremental_model.ckpt-<step>``: rows changed since the full, dense whole."""
+        if self._baseline is None or self.full_step is None:
+            raise RuntimeError("save_full must run before the first save_delta")
+        if step <= self.full_step:
+            raise ValueError(f"delta step {step} must be above the full step {self.full_step}")
+        tensors = self.delta_tensors(step)
+        return publish_checkpoint(self.run_dir / DELTA_DIR, DELTA_BASENAME, step,
+                                  lambda tmp: write_tensors(tmp, tensors))
+
+    def delta_tensors(self, step: int) -> dict[str, np.ndarray]:
+        """The tensors of a delta at ``step`` (changed rows of each table, dense variables)."""
+        table_values = self.session.run(self.tables)
+        dense_values = self.session.run(self.dense)
+        tensors: dict[str, np.ndarray] = {}
+        for table, current in zip(self.tables, table_values):
+            name = variable_name(table)
+            base = self._baseline[name]
+            changed_now = np.flatnonzero(np.any(current != base, axis=1))
+            self._freqs[name][changed_now] += 1
+            self._versions[name][changed_now] = step
+            # Cumulative: every row that ever changed since the full, with its current value.
+            rows = np.flatnonzero(self._versions[name] >= 0)
+            tensors[f"{name}-keys"] = rows.astype(np.int64)
+            tensors[f"{name}-values"] = current[rows]
+            tensors[f"{name}-freqs"] = self._freqs[name][rows]
+            tensors[f"{name}-versions"] = self._versions[name][rows]
+        for variable, value in zip(self.dense, dense_values):
+            tensors[variable_name(variable)] = value
+        return tensors
+
+    def _write_state(self, newest: Path) -> None:
+        import tensorflow as tf
+
+        steps = sorted(int(p.name[len(FULL_BASENAME) + 1: -len(".index")])
+                       for p in self.run_dir.glob(f"{FULL_BASENAME}-*.index"))
+        tf.compat.v1.train.update_checkpoint_state(
+            save_dir=str(self.run_dir), model_checkpoint_path=newest.name,
+            all_model_checkpoint_paths=[f"{FULL_BASENAME}-{s}" for s in steps])
