@@ -20,6 +20,8 @@
 //   --write-first FILE  write the first response to FILE
 //   --ping              also call process() with an empty request and print the signature JSON
 //   --no-finalize       skip finalize() at the end
+//   --no-free           do not free the responses of the timed calls (a deliberate leak, to
+//                       check that a leak checker run over this host does see leaks)
 //
 // Last line of output: RESULT {json} with the figures, for scripts.
 // Exit status: 0 all calls returned 200 and identical responses; 1 otherwise; 2 initialize
@@ -59,7 +61,7 @@ struct Api {
 struct Options {
   std::string lib, config, entry, request, expect, write_first;
   int threads = 1, calls = 1000, warmup = 0, batch = 0;
-  bool ping = false, finalize = true;
+  bool ping = false, finalize = true, free_outputs = true;
 };
 
 [[noreturn]] void die(int code, const std::string& msg) {
@@ -103,6 +105,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--batch") o.batch = std::atoi(value().c_str());
     else if (a == "--ping") o.ping = true;
     else if (a == "--no-finalize") o.finalize = false;
+    else if (a == "--no-free") o.free_outputs = false;
     else die(3, "unknown option " + a + " (see the comment at the top of processor_host.cc)");
   }
   if (o.config.empty() || o.request.empty()) die(3, "--config and --request are required");
@@ -263,7 +266,7 @@ int main(int argc, char** argv) {
         else if (static_cast<size_t>(out_size[i]) != reference.size() ||
                  std::memcmp(out[i], reference.data(), reference.size()) != 0)
           mismatches.fetch_add(1, std::memory_order_relaxed);
-        api.processor_free(out[i]);
+        if (opt.free_outputs || c < opt.warmup) api.processor_free(out[i]);
       }
     }
   };
