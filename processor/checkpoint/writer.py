@@ -77,15 +77,24 @@ class CheckpointWriter:
 
     def save_full(self, step: int) -> Path:
         """Publish ``model.ckpt-<step>`` with every variable; it becomes the delta baseline."""
-        prefix = publish_checkpoint(self.run_dir, FULL_BASENAME, step, lambda tmp: self._saver.save(
-            self.session, tmp, write_meta_graph=False, write_state=False))
+        with self.session.graph.as_default():  # Saver.save needs graph mode
+            prefix = publish_checkpoint(self.run_dir, FULL_BASENAME, step, lambda tmp: self._saver.save(
+                self.session, tmp, write_meta_graph=False, write_state=False))
+        self.full_step = step
+        self.rebaseline()
+        self._write_state(prefix)
+        return prefix
+
+    def rebaseline(self) -> None:
+        """Take the current table values as the baseline of the next deltas.
+
+        :meth:`save_full` does it; call it directly when resuming from a full checkpoint that
+        is already published (and set ``full_step`` to its step).
+        """
         values = self.session.run(self.tables)
         self._baseline = {variable_name(t): v for t, v in zip(self.tables, values)}
         self._freqs = {n: np.zeros(v.shape[0], np.int64) for n, v in self._baseline.items()}
         self._versions = {n: np.full(v.shape[0], -1, np.int64) for n, v in self._baseline.items()}
-        self.full_step = step
-        self._write_state(prefix)
-        return prefix
 
     def save_delta(self, step: int) -> Path:
         """Publish ``incremental_model.ckpt-<step>``: rows changed since the full, dense whole."""

@@ -120,7 +120,8 @@ class ModelManager:
         """Make ``target`` the served version (full load or delta); keep serving on failure."""
         with self._lock:
             served = self.served_version()
-            if served == target or self.state == "closed":
+            stale = self._pinned is not None and target != self._pinned  # discovered before a pin
+            if served == target or stale or self.state == "closed":
                 return
             failure = self._failures.get(target)
             if failure is not None and time.monotonic() < failure.retry_at:

@@ -1,0 +1,236 @@
+"""Hot update from full and delta checkpoints, failures, rollback, pinning and warmup."""
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from conftest import model_config, plain_tf_predict
+from processor import codec
+from processor.errors import ConfigError, NotFound
+
+POLL = 0.2
+
+
+@pytest.fixture
+def ctr(tmp_path):
+    from demo.ctr_model import build_ctr_model
+
+    return build_ctr_model(tmp_path / "model", preset="small", versions=2)
+
+
+@pytest.fixture
+def trainer(ctr):
+    from demo.streaming_trainer import StreamingTrainer
+
+    t = StreamingTrainer(ctr.out_dir)
+    yield t
+    t.close()
+
+
+@pytest.fixture
+def feeds():
+    from demo.synthetic_data import synthetic_batch
+
+    return synthetic_batch(8, 11)
+
+
+def served(processor, feeds):
+    status, body = processor.process(codec.encode_request(feeds))
+    assert status == 200, body
+    return codec.decode_response(body)
+
+
+def wait_for(predicate, timeout=POLL + 2.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+def label(processor):
+    return processor.model_info()["version"]["label"]
+
+
+def test_delta_then_full_are_served_within_the_poll_interval(ctr, trainer, feeds, make_processor):
+    p = make_processor(model_config(ctr, file_system_poll_wait_seconds=POLL, session_num=2))
+    assert label(p) == str(ctr.steps[-1])
+    for _ in range(3):
+        trainer.train(5)
+        trainer.save_delta()
+        want = trainer.predict(feeds)["logits"]
+        assert wait_for(lambda: label(p) == f"{ctr.steps[-1]}+{trainer.step}"), p.model_info()["failed_versions"]
+        np.testing.assert_allclose(served(p, feeds)["logits"], want, rtol=1e-5, atol=1e-6)
+    trainer.train(5)
+    trainer.save_full()
+    want = trainer.predict(feeds)["logits"]
+    assert wait_for(lambda: label(p) == str(trainer.step))
+    np.testing.assert_allclose(served(p, feeds)["logits"], want, rtol=1e-5, atol=1e-6)
+    info = p.model_info()
+    assert info["updates"]["delta_updates"] == 3 and info["updates"]["full_loads"] == 2
+
+
+def test_a_delta_present_at_start_is_applied(ctr, trainer, feeds, make_processor):
+    trainer.train(5)
+    trainer.save_delta()
+    want = trainer.predict(feeds)["logits"]
+    p = make_processor(model_config(ctr))
+    assert label(p) == f"{ctr.steps[-1]}+{trainer.step}"
+    np.testing.assert_allclose(served(p, feeds)["logits"], want, rtol=1e-5, atol=1e-6)
+
+
+def test_steady_load_during_updates_zero_failures_consistent_versions(ctr, trainer, feeds, make_processor):
+    p = make_processor(model_config(ctr, file_system_poll_wait_seconds=POLL, session_num=4,
+                                    use_per_session_threads=True))
+    request = codec.encode_request(feeds)
+    references = [trainer.predict(feeds)["logits"]]
+    stop = threading.Event()
+    failures, responses = [], []
+
+    def client():
+        while not stop.is_set():
+            status, body = p.process(request)
+            if status != 200:
+                failures.append(body)
+            else:
+                responses.append(codec.decode_response(body)["logits"])
+
+    clients = [threading.Thread(target=client) for _ in range(4)]
+    for c in clients:
+        c.start()
+    for i in range(8):
+        trainer.train(3)
+        (trainer.save_full if i % 4 == 3 else trainer.save_delta)()
+        references.append(trainer.predict(feeds)["logits"])
+        time.sleep(0.5)
+    stop.set()
+    for c in clients:
+        c.join()
+    assert failures == []
+    assert len(responses) > 50
+    for r in responses:
+        assert any(np.allclose(r, ref, rtol=1e-5, atol=1e-6) for ref in references), "mixed version"
+    assert label(p) == str(trainer.step) or label(p).endswith(f"+{trainer.step}")
+
+
+def _corrupt_truncate(prefix):
+    data = next(p for p in os.listdir(os.path.dirname(prefix)) if p.startswith(os.path.basename(prefix) + ".data"))
+    path = os.path.join(os.path.dirname(prefix), data)
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 3)
+
+
+def _corrupt_index(prefix):
+    with open(prefix + ".index", "r+b") as f:
+        f.seek(10)
+        f.write(b"\xde\xad\xbe\xef" * 8)
+
+
+@pytest.mark.parametrize("corrupt", [_corrupt_truncate, _corrupt_index])
+@pytest.mark.parametrize("kind", ["delta", "full"])
+def test_corrupt_checkpoint_keeps_the_old_version(ctr, trainer, feeds, make_processor, corrupt, kind):
+    p = make_processor(model_config(ctr, file_system_poll_wait_seconds=POLL))
+    before = served(p, feeds)["logits"]
+    old_label = label(p)
+    trainer.train(3)
+    prefix = str(trainer.save_delta() if kind == "delta" else trainer.save_full())
+    corrupt(prefix)
+    assert wait_for(lambda: p.model_info()["failed_versions"])
+    for _ in range(20):
+        np.testing.assert_array_equal(served(p, feeds)["logits"], before)
+    info = p.model_info()
+    assert label(p) == old_label and info["state"] == "ready"
+    assert info["last_error"] and info["updates"]["failed_updates"] >= 1
+
+
+def test_half_written_checkpoint_is_not_picked_up(ctr, feeds, make_processor):
+    p = make_processor(model_config(ctr, file_system_poll_wait_seconds=POLL))
+    old_label = label(p)
+    (ctr.run_dir / "model.ckpt-99999.index").write_bytes(b"partial")  # no data shard yet
+    time.sleep(POLL * 4)
+    assert label(p) == old_label and p.model_info()["failed_versions"] == []
+
+
+def test_mismatched_delta_is_rejected(ctr, trainer, feeds, make_processor):
+    from processor.checkpoint.publish import publish_checkpoint
+    from processor.checkpoint.tensor_file import write_tensors
+
+    p = make_processor(model_config(ctr, file_system_poll_wait_seconds=POLL))
+    before = served(p, feeds)["logits"]
+    bad = {"embeddings/C1-keys": np.array([0, 1], np.int64),
+           "embeddings/C1-values": np.ones((2, 3), np.float32)}  # wrong dim
+    publish_checkpoint(ctr.run_dir / ".incremental_checkpoint", "incremental_model.ckpt",
+                       ctr.steps[-1] + 1, lambda tmp: write_tensors(tmp, bad))
+    assert wait_for(lambda: p.model_info()["failed_versions"])
+    assert "shape" in p.model_info()["last_error"]
+    np.testing.assert_array_equal(served(p, feeds)["logits"], before)
+
+
+def test_rollback_and_pinning(ctr, trainer, feeds, make_processor):
+    p = make_processor(model_config(ctr, file_system_poll_wait_seconds=POLL))
+    first = served(p, feeds)["logits"]
+    trainer.train(5)
+    trainer.save_full()
+    assert wait_for(lambda: label(p) == str(trainer.step))
+    newest = served(p, feeds)["logits"]
+    assert not np.allclose(first, newest)
+
+    p.manager.rollback()
+    np.testing.assert_allclose(served(p, feeds)["logits"], first, rtol=1e-6)
+    time.sleep(POLL * 3)  # pinned: the watcher does not move it forward
+    assert label(p) == str(ctr.steps[-1])
+
+    p.manager.pin(ctr.steps[0])
+    want = plain_tf_predict(ctr.savedmodel_dir, ctr.checkpoint_prefixes[0], feeds)["logits"]
+    np.testing.assert_allclose(served(p, feeds)["logits"], want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(NotFound):
+        p.manager.pin(123456)
+
+    p.manager.unpin()
+    np.testing.assert_allclose(served(p, feeds)["logits"], newest, rtol=1e-6)
+
+
+def test_restore_model_version_pins_at_start(ctr, feeds, make_processor):
+    p = make_processor(model_config(ctr, restore_model_version=ctr.steps[0]))
+    want = plain_tf_predict(ctr.savedmodel_dir, ctr.checkpoint_prefixes[0], feeds)["logits"]
+    np.testing.assert_allclose(served(p, feeds)["logits"], want, rtol=1e-5, atol=1e-6)
+
+
+def test_warmup_sources(ctr, feeds, tmp_path, make_processor):
+    p = make_processor(model_config(ctr, session_num=3))
+    assert p.model_info()["warmup"]["source"] == "synthetic"
+    assert p.model_info()["warmup"]["runs"] == 5 * 3
+
+    warm = tmp_path / "warmup.bin"
+    warm.write_bytes(codec.encode_request(feeds))
+    p2 = make_processor(model_config(ctr, warmup_file_name=str(warm)))
+    assert p2.model_info()["warmup"]["source"] == "warmup_file_name"
+
+    bad = tmp_path / "bad.bin"
+    bad.write_bytes(b"\xff\xff\xff")
+    for path in (bad, tmp_path / "missing.bin"):
+        with pytest.raises(ConfigError, match="warmup_file_name"):
+            make_processor(model_config(ctr, warmup_file_name=str(path)))
+
+
+def test_tf_serving_warmup_records(ctr, feeds, make_processor):
+    pytest.importorskip("tensorflow_serving.apis.prediction_log_pb2")
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
+
+    request = predict_pb2.PredictRequest()
+    for k, v in feeds.items():
+        request.inputs[k].CopyFrom(tf.make_tensor_proto(v))
+    log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
+    extra = ctr.savedmodel_dir / "assets.extra"
+    extra.mkdir(exist_ok=True)
+    with tf.io.TFRecordWriter(str(extra / "tf_serving_warmup_requests")) as w:
+        for _ in range(3):
+            w.write(log.SerializeToString())
+    p = make_processor(model_config(ctr, session_num=2))
+    assert p.model_info()["warmup"] == {"source": "assets.extra/tf_serving_warmup_requests",
+                                        "runs": 5 * 2 * 3, "seconds": p.model_info()["warmup"]["seconds"]}
