@@ -9,6 +9,7 @@ only complete checkpoints. Not safe for two writers on one directory at the same
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -44,3 +45,21 @@ def publish_checkpoint(directory: Path, basename: str, step: int, write: Callabl
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
     return final
+
+
+def update_state(run_dir: Path, basename: str) -> None:
+    """Rewrite ``run_dir/checkpoint`` (a text ``CheckpointState``) atomically.
+
+    Lists every published ``<basename>-<step>`` oldest first and names the highest step as
+    ``model_checkpoint_path``, with paths relative to ``run_dir`` (TensorFlow's format).
+    """
+    run_dir = Path(run_dir)
+    pattern = re.compile(re.escape(basename) + r"-(\d+)\.index$")
+    steps = sorted(int(m.group(1)) for p in run_dir.iterdir() if (m := pattern.match(p.name)))
+    if not steps:
+        raise FileNotFoundError(f"no {basename}-<step> checkpoint in {run_dir}")
+    names = [f"{basename}-{s}" for s in steps]
+    lines = [f'model_checkpoint_path: "{names[-1]}"'] + [f'all_model_checkpoint_paths: "{n}"' for n in names]
+    tmp = run_dir / f"{_TMP_PREFIX}state"
+    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    os.replace(tmp, run_dir / "checkpoint")

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .publish import publish_checkpoint
+from .publish import publish_checkpoint, update_state
 from .tensor_file import write_tensors
 
 FULL_BASENAME = "model.ckpt"
@@ -82,7 +82,7 @@ class CheckpointWriter:
                 self.session, tmp, write_meta_graph=False, write_state=False))
         self.full_step = step
         self.rebaseline()
-        self._write_state(prefix)
+        update_state(self.run_dir, FULL_BASENAME)
         return prefix
 
     def rebaseline(self) -> None:
@@ -126,12 +126,3 @@ class CheckpointWriter:
         for variable, value in zip(self.dense, dense_values):
             tensors[variable_name(variable)] = value
         return tensors
-
-    def _write_state(self, newest: Path) -> None:
-        import tensorflow as tf
-
-        steps = sorted(int(p.name[len(FULL_BASENAME) + 1: -len(".index")])
-                       for p in self.run_dir.glob(f"{FULL_BASENAME}-*.index"))
-        tf.compat.v1.train.update_checkpoint_state(
-            save_dir=str(self.run_dir), model_checkpoint_path=newest.name,
-            all_model_checkpoint_paths=[f"{FULL_BASENAME}-{s}" for s in steps])
