@@ -48,10 +48,6 @@ NOT_YET_ACTIVE: dict[str, str] = {
     "ev_storage_type": "embedding storage tiers",
     "ev_storage_path": "embedding storage tiers",
     "ev_storage_size": "embedding storage tiers",
-    "timeline_start_step": "timeline tracing",
-    "timeline_interval_step": "timeline tracing",
-    "timeline_trace_count": "timeline tracing",
-    "timeline_path": "timeline tracing",
     "shard_embedding": "embedding sharding",
 }
 

@@ -3,10 +3,16 @@
 ``decode -> acquire the serving group -> run on a lane -> encode``. Every failure is a
 :class:`~processor.errors.ProcessorError`; front-ends map it once. Thread-safe: any number of
 threads may call any method at once.
+
+Timeline tracing: a model with a :class:`~processor.tracing.Tracer` has each predict request
+counted; the requests it picks run on a traced path that times every stage and asks the engine
+for a full per-op trace. Untraced requests pay one truthiness check of a dict that is empty
+unless some model still has traces to take.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,13 +22,18 @@ from . import codec
 from .errors import NotFound, as_processor_error
 from .manager.model_manager import ModelManager
 from .proto import predict_pb2
+from .tracing import Tracer, TraceRecorder
+from .tracing.tracer import now_us
 
 
 class DataPlane:
     """Routes requests to models by name. See the module doc."""
 
-    def __init__(self, models: Mapping[str, ModelManager]) -> None:
+    def __init__(self, models: Mapping[str, ModelManager],
+                 tracers: Mapping[str, Tracer | None] | None = None) -> None:
         self._models = dict(models)
+        # Only tracers with traces left; emptied as they finish, so the hot path stays one check.
+        self._tracers = {name: t for name, t in (tracers or {}).items() if t is not None and not t.done}
 
     @property
     def model_names(self) -> list[str]:
@@ -36,10 +47,21 @@ class DataPlane:
 
     def predict(self, name: str, data: bytes) -> bytes:
         """Serialized PredictRequest in, serialized PredictResponse out."""
-        return self.predict_message(name, codec.parse_request(data))
+        if self._tracers:
+            recorder = self._begin_trace(name)
+            if recorder is not None:
+                return self._traced(name, recorder, data=data)
+        return self._predict_message(name, codec.parse_request(data))
 
     def predict_message(self, name: str, request: predict_pb2.PredictRequest) -> bytes:
         """A parsed PredictRequest in, serialized PredictResponse out."""
+        if self._tracers:
+            recorder = self._begin_trace(name)
+            if recorder is not None:
+                return self._traced(name, recorder, request=request)
+        return self._predict_message(name, request)
+
+    def _predict_message(self, name: str, request: predict_pb2.PredictRequest) -> bytes:
         with self.manager(name).acquire() as group:
             decoded = codec.decode_message(request, group.signature)
             outputs = self._run(group, decoded)
@@ -52,15 +74,25 @@ class DataPlane:
         For front-ends that parse their own wire format (JSON); inputs are checked against the
         signature exactly as protobuf requests are.
         """
+        if self._tracers:
+            recorder = self._begin_trace(name)
+            if recorder is not None:
+                return self._traced(name, recorder, arrays=(inputs, output_filter))
+        request = self._arrays_request(inputs, output_filter)
+        with self.manager(name).acquire() as group:
+            decoded = codec.decode_message(request, group.signature)
+            return self._run(group, decoded)
+
+    @staticmethod
+    def _arrays_request(inputs: Mapping[str, np.ndarray],
+                        output_filter: list[str] | None) -> predict_pb2.PredictRequest:
         request = predict_pb2.PredictRequest(output_filter=output_filter or [])
         try:
             for key, array in inputs.items():
                 codec.fill_proto(request.inputs[key], np.asarray(array))
         except (TypeError, ValueError) as exc:
             raise codec.InvalidArgument(f"bad input value: {exc}") from None
-        with self.manager(name).acquire() as group:
-            decoded = codec.decode_message(request, group.signature)
-            return self._run(group, decoded)
+        return request
 
     @staticmethod
     def _run(group, decoded: codec.DecodedRequest) -> dict[str, np.ndarray]:
@@ -69,6 +101,59 @@ class DataPlane:
             arrays = group.run(decoded.feeds, aliases)
         except Exception as exc:
             raise as_processor_error(exc) from None
+        return {key: array for (key, _), array in zip(decoded.fetches, arrays)}
+
+    # --- timeline tracing -------------------------------------------------------------------
+
+    def _begin_trace(self, name: str) -> TraceRecorder | None:
+        """Count the request with the model's tracer; a recorder if it is to be traced."""
+        tracer = self._tracers.get(name)
+        if tracer is None:
+            return None
+        recorder = tracer.begin()
+        if tracer.done:
+            self._tracers.pop(name, None)  # no traces left: later requests skip tracing entirely
+        return recorder
+
+    def _traced(self, name: str, rec: TraceRecorder, *, data: bytes | None = None,
+                request: predict_pb2.PredictRequest | None = None,
+                arrays: tuple | None = None) -> Any:
+        """One request on the traced path: same results and errors, every stage timed.
+
+        The trace is submitted (never raising) whether the request succeeds or fails.
+        """
+        try:
+            with rec.stage("request"):
+                if request is None:
+                    with rec.stage("parse"):
+                        request = (codec.parse_request(data) if arrays is None
+                                   else self._arrays_request(*arrays))
+                with contextlib.ExitStack() as stack:
+                    with rec.stage("acquire"):
+                        group = stack.enter_context(self.manager(name).acquire())
+                    with rec.stage("decode"):
+                        decoded = codec.decode_message(request, group.signature)
+                    outputs = self._run_traced(group, decoded, rec)
+                if arrays is not None:
+                    return outputs
+                with rec.stage("encode"):
+                    return codec.encode_response(outputs)
+        except Exception as exc:
+            rec.error = str(exc)
+            raise
+        finally:
+            rec.tracer.submit(rec)
+
+    @staticmethod
+    def _run_traced(group, decoded: codec.DecodedRequest, rec: TraceRecorder) -> dict[str, np.ndarray]:
+        aliases = tuple(alias for _, alias in decoded.fetches)
+        with rec.stage("run") as stage:
+            try:
+                rec.lane, arrays, rec.engine = group.run_traced(decoded.feeds, aliases)
+            except Exception as exc:
+                raise as_processor_error(exc) from None
+            finally:
+                rec.run_window = (stage.start, now_us())
         return {key: array for (key, _), array in zip(decoded.fetches, arrays)}
 
     def signature(self, name: str) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from .dataplane import DataPlane
 from .errors import StatusCode, as_processor_error
 from .manager.model_manager import ModelManager
 from .proto import predict_pb2
+from .tracing import Tracer
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +46,9 @@ class Processor:
         self.config = config
         self._raw_config = raw_config
         self.environment = _apply_environment(config)
+        self.tracer = Tracer.from_config(name, config)  # ConfigError on an unusable timeline_path
         self.manager = ModelManager(name, config)
-        self.dataplane = DataPlane({name: self.manager})
+        self.dataplane = DataPlane({name: self.manager}, {name: self.tracer})
 
     @classmethod
     def create(cls, model_entry: str, model_config: str) -> Processor:
@@ -89,10 +91,14 @@ class Processor:
         info["accepted_not_active"] = self.config.not_yet_active()
         info["accepted_ignored"] = self.config.foreign_keys(self._raw_config)
         info["environment"] = self.environment
+        if self.tracer is not None:
+            info["timeline"] = self.tracer.describe()
         return info
 
     def close(self) -> None:
         self.manager.close()
+        if self.tracer is not None:
+            self.tracer.close()  # writes the traces still queued
 
 
 def _apply_environment(config: ModelConfig) -> dict[str, str]:

@@ -9,16 +9,27 @@ initializers). Contract:
   engine rejects, INTERNAL otherwise).
 * ``close`` is called once, after the last ``run`` has returned (the ServableHandle guarantees
   it); it frees the parameters.
+* ``run_traced`` (timeline tracing) is ``run`` with the engine's full per-op profiling for this
+  one call; same threading, feeds, fetches, outputs and errors. It returns ``(outputs,
+  EngineTrace)``: one :class:`~processor.tracing.TraceEvent` per executed op (name, op type,
+  device, engine thread, start in microseconds since the Unix epoch, duration in microseconds),
+  or a serialized TensorFlow ``StepStats`` for engines that make one natively. Tracing must not
+  change outputs or leave profiling on for other calls. An engine that cannot trace a single
+  call raises NotImplementedError; the request then runs untraced and its timeline holds only
+  the processor's stages.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from ..checkpoint.delta import Delta, VariableInfo
 from ..signature import Signature
+
+if TYPE_CHECKING:
+    from ..tracing.events import EngineTrace
 
 
 class Backend(Protocol):
@@ -36,6 +47,11 @@ class Backend(Protocol):
 
     def apply_delta(self, delta: Delta) -> None:
         """Write a checked delta into the weights all lanes share. Called with no run in flight."""
+        ...
+
+    def run_traced(self, lane: int, feeds: dict[str, np.ndarray],
+                   fetches: tuple[str, ...]) -> tuple[list[np.ndarray], EngineTrace]:
+        """``run`` with full per-op tracing of this call (see the module doc)."""
         ...
 
     def describe(self) -> dict[str, Any]:

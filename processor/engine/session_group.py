@@ -19,6 +19,7 @@ from ..config import ModelConfig
 from ..errors import ConfigError
 from ..signature import Signature
 from ..store.checkpoint_layout import ModelVersion
+from ..tracing.events import EngineTrace
 from .backend import Backend
 from .lane_policy import LanePolicy
 from .update_gate import UpdateGate
@@ -51,6 +52,24 @@ class SessionGroup:
         """Run on a given lane (warmup visits every lane)."""
         with self._gate.shared():
             return self.backend.run(lane, feeds, fetches)
+
+    def run_traced(self, feeds: dict[str, np.ndarray],
+                   fetches: tuple[str, ...]) -> tuple[int, list[np.ndarray], EngineTrace | None]:
+        """``run`` with the engine's full tracing: (lane, outputs, engine trace or None).
+
+        None when the backend cannot trace one call (no ``run_traced``, or NotImplementedError):
+        the request then runs untraced.
+        """
+        lane = self._policy.pick()
+        traced = getattr(self.backend, "run_traced", None)
+        with self._gate.shared():
+            if traced is not None:
+                try:
+                    outputs, trace = traced(lane, feeds, fetches)
+                    return lane, outputs, trace
+                except NotImplementedError:
+                    pass
+            return lane, self.backend.run(lane, feeds, fetches), None
 
     def apply_delta(self, delta: Delta, version: ModelVersion) -> float:
         """Write a checked delta into the live weights; return the seconds requests were held."""

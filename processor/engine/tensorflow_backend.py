@@ -135,6 +135,24 @@ class TensorFlowBackend:
         except tf.errors.OpError as exc:
             raise Internal(f"{type(exc).__name__}: {exc.message}") from None
 
+    def run_traced(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]):
+        """``run`` with ``FULL_TRACE``: (outputs, EngineTrace holding the serialized StepStats)."""
+        from ..tracing.events import EngineTrace
+
+        fn = self._callables.get(fetches) or self._make_callable(fetches)
+        tf = _tf()
+        options = tf.compat.v1.RunOptions()
+        options.CopyFrom(self._run_options[lane])
+        options.trace_level = tf.compat.v1.RunOptions.FULL_TRACE
+        metadata = tf.compat.v1.RunMetadata()
+        try:
+            outputs = fn(*[feeds[a] for a in self._feed_aliases], options=options, run_metadata=metadata)
+        except tf.errors.InvalidArgumentError as exc:
+            raise InvalidArgument(f"the model rejected the input: {exc.message}") from None
+        except tf.errors.OpError as exc:
+            raise Internal(f"{type(exc).__name__}: {exc.message}") from None
+        return outputs, EngineTrace(step_stats=metadata.step_stats.SerializeToString())
+
     def _make_callable(self, fetches: tuple[str, ...]):
         with self._callables_lock:
             fn = self._callables.get(fetches)
