@@ -1,0 +1,210 @@
+"""Timeline tracing end to end: the demo CTR model served with the timeline_* keys.
+
+Checks the trace files (start / interval / count exactly), their content (graph op names,
+processor stages, lanes), gen_timeline's JSON and summary, DeepRec compatibility (TensorFlow's
+own timeline tool reads the files), and that tracing never fails or changes a request.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import threading
+from contextlib import redirect_stdout
+
+import fsspec
+import pytest
+
+from conftest import model_config
+from processor import abi, codec
+from processor.errors import ProcessorError
+from processor.tracing import PROCESSOR_DEVICE, step_stats
+from tools.timeline import gen_timeline
+
+STAGES = {"request", "parse", "acquire", "decode", "run", "lane_wait", "engine", "return", "encode"}
+
+
+def check_chrome_trace(doc) -> None:
+    """Hand-written schema check: ``traceEvents`` with ph, ts, dur, pid, tid and names."""
+    assert isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list) and doc["traceEvents"]
+    for e in doc["traceEvents"]:
+        assert e.get("ph") in {"X", "M"}, e
+        assert isinstance(e.get("name"), str) and e["name"], e
+        assert isinstance(e.get("pid"), int) and isinstance(e.get("tid"), int), e
+        assert isinstance(e.get("ts"), (int, float)) and e["ts"] >= 0, e
+        if e["ph"] == "X":
+            assert isinstance(e.get("dur"), (int, float)) and e["dur"] >= 0, e
+        else:
+            assert isinstance(e.get("args"), dict) and e["args"], e
+
+
+def timeline_config(paths, path, start, interval, count, **extra) -> dict:
+    return model_config(paths, timeline_start_step=start, timeline_interval_step=interval,
+                        timeline_trace_count=count, timeline_path=str(path), **extra)
+
+
+def graph_node_names(savedmodel_dir) -> set[str]:
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    sm = saved_model_pb2.SavedModel()
+    sm.ParseFromString((savedmodel_dir / "saved_model.pb").read_bytes())
+    return {n.name for n in sm.meta_graphs[0].graph_def.node}
+
+
+def test_traces_follow_start_interval_count(ctr_model_small, make_processor, tmp_path):
+    from demo.synthetic_data import synthetic_batch
+
+    out = tmp_path / "timelines"
+    p = make_processor(timeline_config(ctr_model_small, out, start=2, interval=3, count=3,
+                                       session_num=2, use_per_session_threads=True))
+    assert "timeline_path" not in p.model_info()["accepted_not_active"]
+    feeds = [synthetic_batch(8, seed) for seed in range(15)]
+    requests = [codec.encode_request(f) for f in feeds]
+    bodies = {}
+    for i, request in enumerate(requests):
+        if i == 8:  # a traced step through the numpy entry point (HTTP/JSON front-ends)
+            got = p.dataplane.predict_arrays(p.name, feeds[i])
+            assert set(got) == {"probability", "logits"}
+            continue
+        status, bodies[i] = p.process(request)
+        assert status == 200, bodies[i]
+    assert p.tracer.flush(30)
+    assert sorted(f.name for f in out.iterdir()) == ["timeline-0", "timeline-1", "timeline-2"]
+    info = p.model_info()["timeline"]
+    assert (info["traced"], info["written"], info["write_errors"], info["done"]) == (3, 3, 0, True)
+    assert info["steps_counted"] == 9  # steps 0..8; nothing is counted after the last trace
+
+    # traced requests (steps 2 and 5) gave the same bytes as untraced ones (tracing is done now)
+    assert all(p.process(requests[i])[1] == bodies[i] for i in (1, 2, 5))
+
+    graph_nodes = graph_node_names(ctr_model_small.savedmodel_dir)
+    for k, step in enumerate((2, 5, 8)):
+        stats = gen_timeline.read_step_stats(out / f"timeline-{k}")
+        stage_dev = [d for d in stats.dev_stats if d.device == PROCESSOR_DEVICE]
+        assert len(stage_dev) == 1
+        names = {n.node_name for n in stage_dev[0].node_stats}
+        assert names == (STAGES - {"encode"} if step == 8 else STAGES)  # predict_arrays: no encode
+        request_label = next(n.timeline_label for n in stage_dev[0].node_stats if n.node_name == "request")
+        assert f"step={step}" in request_label and f"trace={k}" in request_label
+
+        doc = gen_timeline.chrome_trace(stats, source=str(out / f"timeline-{k}"))
+        check_chrome_trace(json.loads(json.dumps(doc)))
+        ops = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] != "processor stage"]
+        op_names = {e["name"] for e in ops}
+        assert len(op_names & graph_nodes) >= 20, sorted(op_names)
+        assert {"ResourceGather", "StringToHashBucketFast"} <= {e["cat"] for e in ops}
+        threads = [e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"]
+        assert any(t.startswith("lane ") for t in threads), threads
+        # the engine ran inside the run stage
+        stages = {e["name"]: e for e in doc["traceEvents"] if e.get("cat") == "processor stage"}
+        run = stages["run"]
+        assert all(run["ts"] - 1 <= e["ts"] and e["ts"] + e["dur"] <= run["ts"] + run["dur"] + 1 for e in ops)
+
+    # the summary ranks the heaviest op first
+    files = [str(out / f"timeline-{k}") for k in range(3)]
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert gen_timeline.main(["--summary", "--top", "5", *files]) == 0
+    totals: dict[str, float] = {}
+    for f in files:
+        for dev in gen_timeline.read_step_stats(f).dev_stats:
+            if dev.device != PROCESSOR_DEVICE:
+                for n in dev.node_stats:
+                    totals[n.node_name] = totals.get(n.node_name, 0.0) + step_stats.node_times_us(n)[1]
+    heaviest = max(totals, key=totals.get)
+    rows = buf.getvalue().splitlines()
+    assert rows[0].startswith("Top 5 of")
+    assert rows[3].split()[1] == heaviest[:44].rstrip("~")
+    assert "Processor stages" in buf.getvalue()
+
+    # DeepRec compatibility: TensorFlow's timeline tool (what DeepRec's gen_timeline.py runs)
+    from tensorflow.core.protobuf import config_pb2
+    from tensorflow.python.client import timeline
+
+    metadata = config_pb2.RunMetadata()
+    metadata.step_stats.ParseFromString((out / "timeline-0").read_bytes())
+    tf_doc = json.loads(timeline.Timeline(metadata.step_stats).generate_chrome_trace_format())
+    tf_names = {e["args"].get("name") for e in tf_doc["traceEvents"] if e.get("ph") == "X"}
+    assert {"decode", "run", "encode"} <= tf_names and len(tf_names & graph_nodes) >= 20
+
+
+def test_failed_requests_are_traced_and_write_errors_never_fail_requests(ctr_model_small, make_processor,
+                                                                         tmp_path):
+    from demo.synthetic_data import synthetic_batch
+
+    out = tmp_path / "tl"
+    p = make_processor(timeline_config(ctr_model_small, out, start=0, interval=1, count=5))
+    good = codec.encode_request(synthetic_batch(4, 1))
+    expected = p.dataplane._predict_message(p.name, codec.parse_request(good))  # untraced path
+    bad = codec.encode_request({k: v for k, v in synthetic_batch(4, 1).items() if k != "dense"})
+
+    status, body = p.process(bad)  # step 0: traced, fails in decode
+    assert status == 400 and b"dense" in body
+    assert p.process(good) == (200, expected)  # step 1
+    assert p.tracer.flush(30)
+    failed = gen_timeline.read_step_stats(out / "timeline-0")
+    assert [d.device for d in failed.dev_stats] == [PROCESSOR_DEVICE]  # no engine run
+    request = next(n for n in failed.dev_stats[0].node_stats if n.node_name == "request")
+    assert "error=" in request.timeline_label and "dense" in request.timeline_label
+    assert {n.node_name for n in failed.dev_stats[0].node_stats} == {"request", "parse", "acquire", "decode"}
+
+    shutil.rmtree(out)
+    out.write_bytes(b"the trace directory is now a file")  # every later write fails
+    for _ in range(5):  # steps 2, 3, 4 traced, then untraced
+        assert p.process(good) == (200, expected)
+    assert p.tracer.flush(30)
+    info = p.model_info()["timeline"]
+    assert (info["traced"], info["written"], info["write_errors"]) == (5, 2, 3)
+    assert info["last_error"]
+
+
+def test_bad_timeline_path_fails_initialize(ctr_model_small, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_bytes(b"")
+    config = json.dumps(timeline_config(ctr_model_small, blocker / "timelines", start=0, interval=1, count=1))
+    with pytest.raises(ProcessorError, match="timeline_path") as err:
+        abi.initialize("m", config)
+    assert str(blocker / "timelines") in err.value.message
+    config = json.dumps(timeline_config(ctr_model_small, "/rel", start=0, interval=1, count=1)).replace(
+        '"/rel"', '"relative/dir"')
+    with pytest.raises(ProcessorError, match="timeline_path"):
+        abi.initialize("m", config)
+
+
+def test_concurrent_requests_remote_store(ctr_model_small, make_processor):
+    from demo.synthetic_data import synthetic_batch
+
+    url = "memory://timeline-it/run1"
+    p = make_processor(timeline_config(ctr_model_small, url, start=10, interval=7, count=5,
+                                       session_num=2, use_per_session_threads=True, select_session_policy="RR"))
+    requests = [codec.encode_request(synthetic_batch(2, seed)) for seed in range(4)]
+    expected = [p.dataplane._predict_message(p.name, codec.parse_request(r)) for r in requests]
+    errors: list[str] = []
+
+    def worker(i: int) -> None:
+        for n in range(30):
+            k = (i + n) % len(requests)
+            status, body = p.process(requests[k])
+            if status != 200 or body != expected[k]:
+                errors.append(f"thread {i} call {n}: {status}")
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert p.tracer.flush(30)
+    fs = fsspec.filesystem("memory")
+    names = sorted(x.rsplit("/", 1)[1] for x in fs.ls("/timeline-it/run1", detail=False))
+    assert names == [f"timeline-{k}" for k in range(5)]
+    steps = set()
+    for name in names:
+        stats = step_stats.parse(fs.cat(f"/timeline-it/run1/{name}"))
+        stage = next(d for d in stats.dev_stats if d.device == PROCESSOR_DEVICE)
+        label = next(n.timeline_label for n in stage.node_stats if n.node_name == "request")
+        steps.add(int(label.split("step=")[1].split(",")[0]))
+        assert len(stats.dev_stats) == 2
+    assert steps == {10, 17, 24, 31, 38}
+    fs.rm("/timeline-it", recursive=True)
