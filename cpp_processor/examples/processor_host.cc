@@ -14,7 +14,12 @@
 //   --request FILE      serialized PredictRequest sent by every call
 //   --threads N         host threads (default 1)
 //   --calls M           calls per thread (default 1000)
+//   --seconds S         call for S seconds per phase instead of --calls times
 //   --warmup K          untimed calls per thread before the timed ones (default 0)
+//   --sweep 1,2,4       run one timed phase per thread count (prints a PHASE {json} line each)
+//   --repeat R          run the phase(s) R times (default 1)
+//   --stdin-phases      print READY, then run one phase per "THREADS SECONDS" line read from
+//                       stdin (PHASE {json} each) until EOF: lets a script interleave runs
 //   --batch K           use batch_process() with K copies of the request per call
 //   --expect FILE       expected serialized PredictResponse (default: the first response)
 //   --write-first FILE  write the first response to FILE
@@ -32,12 +37,15 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iostream>
 #include <iterator>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -60,7 +68,10 @@ struct Api {
 
 struct Options {
   std::string lib, config, entry, request, expect, write_first;
-  int threads = 1, calls = 1000, warmup = 0, batch = 0;
+  int threads = 1, calls = 1000, warmup = 0, batch = 0, repeat = 1;
+  double seconds = 0;
+  bool stdin_phases = false;
+  std::vector<int> sweep;
   bool ping = false, finalize = true, free_outputs = true;
 };
 
@@ -103,13 +114,23 @@ Options parse(int argc, char** argv) {
     else if (a == "--calls") o.calls = std::atoi(value().c_str());
     else if (a == "--warmup") o.warmup = std::atoi(value().c_str());
     else if (a == "--batch") o.batch = std::atoi(value().c_str());
+    else if (a == "--seconds") o.seconds = std::atof(value().c_str());
+    else if (a == "--repeat") o.repeat = std::atoi(value().c_str());
+    else if (a == "--sweep") {
+      std::stringstream ss(value());
+      std::string item;
+      while (std::getline(ss, item, ','))
+        if (std::atoi(item.c_str()) > 0) o.sweep.push_back(std::atoi(item.c_str()));
+    }
     else if (a == "--ping") o.ping = true;
     else if (a == "--no-finalize") o.finalize = false;
     else if (a == "--no-free") o.free_outputs = false;
+    else if (a == "--stdin-phases") o.stdin_phases = true;
     else die(3, "unknown option " + a + " (see the comment at the top of processor_host.cc)");
   }
   if (o.config.empty() || o.request.empty()) die(3, "--config and --request are required");
-  if (o.threads < 1 || o.calls < 0 || o.warmup < 0 || o.batch < 0) die(3, "bad numbers");
+  if (o.threads < 1 || o.calls < 0 || o.warmup < 0 || o.batch < 0 || o.repeat < 1 || o.seconds < 0)
+    die(3, "bad numbers");
   return o;
 }
 
@@ -158,6 +179,12 @@ std::string json_escape(const std::string& s) {
   }
   return o;
 }
+
+struct Stats {
+  int threads = 0;
+  std::vector<double> lat;  // microseconds, sorted
+  double mean = 0, wall = 0, rps = 0;
+};
 
 long rss_kb() {
   std::ifstream f("/proc/self/status");
@@ -240,51 +267,117 @@ int main(int argc, char** argv) {
   if (!expect.empty() && !expect_ok)
     std::fprintf(stderr, "processor_host: first response differs from --expect\n");
 
+  // Timed phases: each runs `threads` threads; a thread makes `warmup` untimed calls, waits
+  // for the others, then makes `calls` calls or calls until `seconds` have passed.
   std::atomic<long> mismatches{0}, errors{0};
-  std::vector<std::vector<double>> lat(opt.threads);
-  long rss_before = rss_kb();
-  auto worker = [&](int t) {
-    std::vector<void*> out(std::max(batch, 1));
-    std::vector<int> out_size(std::max(batch, 1)), status(std::max(batch, 1));
-    lat[t].reserve(static_cast<size_t>(opt.calls));
-    for (int c = 0; c < opt.warmup + opt.calls; ++c) {
-      auto t0 = std::chrono::steady_clock::now();
-      int k = 1;
-      if (batch > 0) {
-        k = batch;
-        (void)api.batch_process(model, batch, batch_in.data(), batch_in_size.data(), out.data(),
-                                out_size.data(), status.data());
-      } else {
-        status[0] = api.process(model, request.data(), static_cast<int>(request.size()), &out[0],
-                                &out_size[0]);
+  auto run_phase = [&](int nthreads, double seconds) -> Stats {
+    std::vector<std::vector<double>> lat(nthreads);
+    std::mutex mu;
+    std::condition_variable cv;
+    int ready = 0;
+    bool go = false;
+    std::chrono::steady_clock::time_point t_start, deadline;
+    auto check = [&](int st, void* out, int n, bool timed) {
+      if (st != 200) errors.fetch_add(1, std::memory_order_relaxed);
+      else if (static_cast<size_t>(n) != reference.size() ||
+               std::memcmp(out, reference.data(), reference.size()) != 0)
+        mismatches.fetch_add(1, std::memory_order_relaxed);
+      if (opt.free_outputs || !timed) api.processor_free(out);
+    };
+    auto worker = [&](int t) {
+      const int k = std::max(batch, 1);
+      std::vector<void*> out(k);
+      std::vector<int> out_size(k), status(k);
+      auto one = [&](bool timed) {
+        auto t0 = std::chrono::steady_clock::now();
+        if (batch > 0)
+          (void)api.batch_process(model, batch, batch_in.data(), batch_in_size.data(), out.data(),
+                                  out_size.data(), status.data());
+        else
+          status[0] = api.process(model, request.data(), static_cast<int>(request.size()),
+                                  &out[0], &out_size[0]);
+        auto t1 = std::chrono::steady_clock::now();
+        if (timed) lat[t].push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+        for (int i = 0; i < k; ++i) check(status[i], out[i], out_size[i], timed);
+        return t1;
+      };
+      for (int c = 0; c < opt.warmup; ++c) one(false);
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        if (++ready == nthreads) {
+          t_start = std::chrono::steady_clock::now();
+          deadline = t_start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                   std::chrono::duration<double>(seconds));
+          go = true;
+          cv.notify_all();
+        }
+        cv.wait(lock, [&] { return go; });
       }
-      auto t1 = std::chrono::steady_clock::now();
-      if (c >= opt.warmup)
-        lat[t].push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
-      for (int i = 0; i < k; ++i) {
-        if (status[i] != 200) errors.fetch_add(1, std::memory_order_relaxed);
-        else if (static_cast<size_t>(out_size[i]) != reference.size() ||
-                 std::memcmp(out[i], reference.data(), reference.size()) != 0)
-          mismatches.fetch_add(1, std::memory_order_relaxed);
-        if (opt.free_outputs || c < opt.warmup) api.processor_free(out[i]);
+      lat[t].reserve(seconds > 0 ? 1024 : static_cast<size_t>(opt.calls));
+      if (seconds > 0) {
+        while (one(true) < deadline) {
+        }
+      } else {
+        for (int c = 0; c < opt.calls; ++c) one(true);
+      }
+    };
+    std::vector<std::thread> threads;
+    for (int t = 0; t < nthreads; ++t) threads.emplace_back(worker, t);
+    for (auto& th : threads) th.join();
+    double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+    Stats st;
+    st.threads = nthreads;
+    for (auto& v : lat) st.lat.insert(st.lat.end(), v.begin(), v.end());
+    std::sort(st.lat.begin(), st.lat.end());
+    for (double x : st.lat) st.mean += x;
+    st.mean = st.lat.empty() ? 0 : st.mean / static_cast<double>(st.lat.size());
+    st.wall = wall;
+    st.rps = wall > 0 ? static_cast<double>(st.lat.size()) / wall : 0;
+    return st;
+  };
+  auto stats_json = [&](const Stats& st) {
+    char buf[512];
+    std::snprintf(buf, sizeof buf,
+                  "\"threads\": %d, \"batch\": %d, \"total\": %zu, \"p50_us\": %.2f, \"p90_us\": %.2f, "
+                  "\"p99_us\": %.2f, \"mean_us\": %.2f, \"max_us\": %.2f, \"wall_s\": %.4f, "
+                  "\"calls_per_s\": %.1f",
+                  st.threads, batch, st.lat.size(), percentile(st.lat, 50), percentile(st.lat, 90),
+                  percentile(st.lat, 99), st.mean, st.lat.empty() ? 0.0 : st.lat.back(), st.wall,
+                  st.rps);
+    return std::string(buf);
+  };
+
+  long rss_before = rss_kb();
+  Stats last;
+  long total = 0;
+  std::vector<int> sweep = opt.sweep.empty() ? std::vector<int>{opt.threads} : opt.sweep;
+  if (opt.stdin_phases) {
+    // Driven by a script: one "THREADS SECONDS" line per phase, answered by a PHASE line.
+    std::printf("READY\n");
+    std::fflush(stdout);
+    std::string line;
+    for (int r = 0; std::getline(std::cin, line); ++r) {
+      int nthreads = 0;
+      double seconds = 0;
+      std::istringstream in(line);
+      if (!(in >> nthreads >> seconds) || nthreads < 1 || seconds <= 0) break;
+      last = run_phase(nthreads, seconds);
+      total += static_cast<long>(last.lat.size());
+      std::printf("PHASE {\"repeat\": %d, %s}\n", r, stats_json(last).c_str());
+      std::fflush(stdout);
+    }
+  } else {
+    for (int r = 0; r < opt.repeat; ++r) {
+      for (int nthreads : sweep) {
+        last = run_phase(nthreads, opt.seconds);
+        total += static_cast<long>(last.lat.size());
+        if (!opt.sweep.empty())
+          std::printf("PHASE {\"repeat\": %d, %s}\n", r, stats_json(last).c_str());
+        std::fflush(stdout);
       }
     }
-  };
-  auto t_start = std::chrono::steady_clock::now();
-  std::vector<std::thread> threads;
-  for (int t = 0; t < opt.threads; ++t) threads.emplace_back(worker, t);
-  for (auto& th : threads) th.join();
-  double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  }
   long rss_after = rss_kb();
-
-  std::vector<double> all;
-  for (auto& v : lat) all.insert(all.end(), v.begin(), v.end());
-  std::sort(all.begin(), all.end());
-  double mean = 0;
-  for (double x : all) mean += x;
-  mean = all.empty() ? 0 : mean / static_cast<double>(all.size());
-  long total = static_cast<long>(all.size());
-  double rps = wall > 0 ? static_cast<double>(total) / wall : 0;
 
   void* info = nullptr;
   int info_size = 0;
@@ -294,25 +387,23 @@ int main(int argc, char** argv) {
   std::string model_path = info_status == 200 ? decode_model_path(info_bytes) : info_bytes;
 
   std::printf("model_path: %s (status %d)\n", model_path.c_str(), info_status);
-  std::printf("%d threads x %d calls%s: %ld ok, %ld errors, %ld mismatches\n", opt.threads,
-              opt.calls, batch > 0 ? (" (batch_process x" + std::to_string(batch) + ")").c_str() : "",
-              total - errors.load(), errors.load(), mismatches.load());
-  std::printf("latency us: p50 %.1f  p90 %.1f  p99 %.1f  mean %.1f  max %.1f\n",
-              percentile(all, 50), percentile(all, 90), percentile(all, 99), mean,
-              all.empty() ? 0.0 : all.back());
-  std::printf("throughput: %.0f calls/s (%.3f s)\n", rps, wall);
+  std::printf("%ld calls%s: %ld errors, %ld mismatches\n", total,
+              batch > 0 ? (" (batch_process x" + std::to_string(batch) + ")").c_str() : "",
+              errors.load(), mismatches.load());
+  std::printf("last phase, %d threads: latency us: p50 %.1f  p90 %.1f  p99 %.1f  mean %.1f  max %.1f\n",
+              last.threads, percentile(last.lat, 50), percentile(last.lat, 90),
+              percentile(last.lat, 99), last.mean, last.lat.empty() ? 0.0 : last.lat.back());
+  std::printf("throughput: %.0f calls/s (%.3f s)\n", last.rps, last.wall);
 
   if (opt.finalize) api.finalize(model);
   std::printf(
-      "RESULT {\"initialized\": true, \"init_s\": %.3f, \"threads\": %d, \"calls_per_thread\": %d, "
-      "\"batch\": %d, \"total\": %ld, \"errors\": %ld, \"mismatches\": %ld, \"first_status\": %d, "
-      "\"expect_ok\": %s, \"p50_us\": %.2f, \"p90_us\": %.2f, \"p99_us\": %.2f, \"mean_us\": %.2f, "
-      "\"max_us\": %.2f, \"wall_s\": %.4f, \"calls_per_s\": %.1f, \"info_status\": %d, "
-      "\"model_path\": \"%s\", \"rss_before_kb\": %ld, \"rss_after_kb\": %ld}\n",
-      init_s, opt.threads, opt.calls, batch, total, errors.load(), mismatches.load(), first_status,
-      expect_ok ? "true" : "false", percentile(all, 50), percentile(all, 90), percentile(all, 99),
-      mean, all.empty() ? 0.0 : all.back(), wall, rps, info_status,
-      json_escape(model_path).c_str(), rss_before, rss_after);
+      "RESULT {\"initialized\": true, \"init_s\": %.3f, \"calls_per_thread\": %d, %s, "
+      "\"all_calls\": %ld, \"errors\": %ld, \"mismatches\": %ld, \"first_status\": %d, "
+      "\"expect_ok\": %s, \"info_status\": %d, \"model_path\": \"%s\", \"rss_before_kb\": %ld, "
+      "\"rss_after_kb\": %ld}\n",
+      init_s, opt.calls, stats_json(last).c_str(), total, errors.load(), mismatches.load(),
+      first_status, expect_ok ? "true" : "false", info_status, json_escape(model_path).c_str(),
+      rss_before, rss_after);
   std::fflush(stdout);
   bool ok = first_status == 200 && expect_ok && errors.load() == 0 && mismatches.load() == 0;
   return ok ? 0 : 1;
