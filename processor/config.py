@@ -37,9 +37,6 @@ FOREIGN_KEYS: frozenset[str] = frozenset({
 # Keys a later part of the processor implements: validated now, reported as "accepted, not yet
 # active" in model info when present with a non-default value. Shrinks as features land.
 NOT_YET_ACTIVE: dict[str, str] = {
-    "gpu_ids_list": "GPU execution",
-    "use_multi_stream": "GPU execution",
-    "enable_device_placement_optimization": "device placement optimization",
     "lock_timeout": "Redis feature store",
     "read_thread_num": "Redis feature store",
     "update_thread_num": "Redis feature store",
@@ -133,6 +130,8 @@ class ModelConfig(BaseModel):
     gpu_ids_list: tuple[int, ...] = ()
     use_multi_stream: bool = False
     enable_device_placement_optimization: bool = False
+    # Ours: serve a GPU config on the CPU (same lane count) when no GPU is visible, instead of failing.
+    gpu_fallback_to_cpu: bool = False
 
     # --- updates, warmup, rollback ----------------------------------------------------------
     model_update_inter_threads: int = Field(0, ge=0, le=1024)

@@ -94,16 +94,29 @@ class SessionGroup:
 def open_session_group(config: ModelConfig, version: ModelVersion) -> SessionGroup:
     """Load ``version`` into a new SessionGroup with the engine the config names.
 
-    Raises ProcessorError (ConfigError for settings this machine cannot honour, Internal for a
-    model or checkpoint that does not load).
+    The engine is ``config.backend``, or with ``auto`` ONNX Runtime when ``savedmodel_dir`` holds a
+    ``.onnx`` model and TensorFlow otherwise. Raises ProcessorError (ConfigError for settings this
+    machine cannot honour, e.g. a GPU it does not have; Internal for a model that does not load).
     """
-    if config.gpu_ids_list or config.use_multi_stream:
-        raise ConfigError("gpu_ids_list: GPU execution is not available in this build; "
-                          "remove gpu_ids_list/use_multi_stream to serve on the CPU")
-    if config.backend == "onnxruntime":
-        raise ConfigError("backend: 'onnxruntime' is not available in this build")
-    from .tensorflow_backend import TensorFlowBackend
+    from . import gpu
+    from .onnx_convert import find_onnx_file
 
+    engine = config.backend
+    if engine == "auto":
+        engine = "onnxruntime" if find_onnx_file(version.savedmodel_dir) else "tensorflow"
     started = time.monotonic()
-    backend = TensorFlowBackend(config, version, lanes=config.session_num)
+    if engine == "onnxruntime":
+        from .onnxruntime_backend import OnnxRuntimeBackend
+
+        try:
+            import onnxruntime  # noqa: F401
+        except ImportError as exc:
+            raise ConfigError(f"backend: onnxruntime is not installed ({exc}); install the 'cpu' "
+                              f"(onnxruntime) or 'gpu' (onnxruntime-gpu) extra") from None
+        backend: Backend = OnnxRuntimeBackend(config, version, gpu.plan_for(config, engine))
+    else:
+        from .tensorflow_backend import TensorFlowBackend
+
+        plan = gpu.plan_for(config, engine)
+        backend = TensorFlowBackend(config, version, lanes=len(plan.lanes), devices=plan)
     return SessionGroup(backend, config.select_session_policy, version, time.monotonic() - started)

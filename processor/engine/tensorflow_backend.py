@@ -24,7 +24,7 @@ from ..errors import Internal, InvalidArgument, NotFound, ProcessorError
 from ..checkpoint.delta import Delta, VariableInfo
 from ..signature import Signature, TensorSpec
 from ..store.checkpoint_layout import ModelVersion
-from . import pinning
+from . import gpu, pinning, placement
 from .tf_variables import VariableUpdater
 
 SERVE_TAGS = ["serve"]
@@ -51,7 +51,8 @@ def _signature_from_def(name: str, sig_def) -> Signature:
 class TensorFlowBackend:
     """A SavedModel graph in one Session with ``lanes`` inter-op pools. See the module doc."""
 
-    def __init__(self, config: ModelConfig, version: ModelVersion, lanes: int) -> None:
+    def __init__(self, config: ModelConfig, version: ModelVersion, lanes: int,
+                 devices: gpu.DevicePlan | None = None) -> None:
         tf = _tf()
         from tensorflow.python.saved_model import loader_impl
 
@@ -66,6 +67,8 @@ class TensorFlowBackend:
             inter_op_parallelism_threads=config.inter_op_parallelism_threads,
             allow_soft_placement=True,
         )
+        self._devices = devices or gpu.cpu_plan(lanes)
+        gpu.configure_tf_gpus(session_config, self._devices, config.session_num)
         per_lane_pools = config.use_per_session_threads
         if per_lane_pools:
             for _ in range(lanes):
@@ -97,6 +100,10 @@ class TensorFlowBackend:
             raise NotFound(f"signature_name {config.signature_name!r} not in the SavedModel; "
                            f"available: {available}")
         self.signature = _signature_from_def(config.signature_name, sig_def)
+        dense_device = self._devices.lanes[0].tf_device if self._devices.on_gpu else None
+        self._placement = placement.place_meta_graph(
+            meta_graph, [s.name for s in self.signature.outputs.values()],
+            config.enable_device_placement_optimization, dense_device)
 
         self._graph = tf.Graph()
         with pinning.creation_lock, pinning.new_threads() as created:
@@ -215,6 +222,8 @@ class TensorFlowBackend:
                             if self._config.model_update_inter_threads else "the session's default pool")
                            + "; intra-op work shares the process-wide pool",
             "pinning": self._pinning,
+            "devices": self._devices.describe(),
+            "device_placement": self._placement,
         }
 
     def close(self) -> None:

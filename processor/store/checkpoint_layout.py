@@ -49,11 +49,13 @@ class ModelVersion:
 
 
 def find_savedmodel(store: ModelStore, savedmodel_dir: str) -> str:
-    """Return ``savedmodel_dir`` if it holds saved_model.pb(txt); else raise Unavailable."""
+    """Return ``savedmodel_dir`` if it holds saved_model.pb(txt) or a .onnx model; else raise Unavailable."""
     for name in ("saved_model.pb", "saved_model.pbtxt"):
         if store.exists(posixpath.join(savedmodel_dir, name)):
             return savedmodel_dir
-    raise Unavailable(f"savedmodel_dir {savedmodel_dir!r} holds no saved_model.pb")
+    if store.exists(savedmodel_dir) and any(f.endswith(".onnx") for f in store.list_files(savedmodel_dir)):
+        return savedmodel_dir
+    raise Unavailable(f"savedmodel_dir {savedmodel_dir!r} holds no saved_model.pb (nor a .onnx model)")
 
 
 def newest_run(store: ModelStore, checkpoint_dir: str) -> str:

@@ -1,0 +1,301 @@
+"""ONNX Runtime backend: N ``InferenceSession``s over ONE copy of the parameters.
+
+The model is prepared by :mod:`processor.engine.onnx_convert` (a SavedModel converted with
+tf2onnx and checked against TensorFlow, or a ``.onnx`` file; cached). Its parameters live in
+numpy arrays this backend owns; every session gets them through
+``SessionOptions.add_initializer(name, OrtValue.ortvalue_from_numpy(array))``, which does not
+copy on the CPU, so N sessions cost one copy of the weights plus their own activation memory.
+The arrays and OrtValues are kept alive until :meth:`close`. Weight prepacking is disabled
+(``session.disable_prepacking``) so that no session keeps a private, repacked copy.
+
+Threads: with ``use_per_session_threads`` every session has its own intra-op pool of
+``intra_op_parallelism_threads`` threads (the calling thread is one of them); otherwise all
+sessions share ONE process-wide pool (``onnxruntime.set_global_thread_pool_sizes``), sized by
+the first model that asks for it. ``cpusets`` pin each session's pool workers with
+``session.intra_op_thread_affinities``; what the kernel actually applied is read back from
+``/proc`` and reported. ``enable_inline_execute`` has nothing to change: ORT runs a graph on
+the calling thread, helped by the intra-op pool.
+
+GPU: one CUDA execution provider per session on the lane's GPU (its own compute stream); see
+:mod:`processor.engine.gpu` for how lanes map to sessions.
+
+Parameter updates (hot update): :meth:`update_parameter` writes new values, whole or by rows,
+into the shared arrays in place; every session sees them on its next run. ``apply_delta`` uses
+it for delta checkpoints. Updates are not atomic against runs in flight (a run may read some
+old and some new rows); the SessionGroup's update gate holds runs while a delta is applied.
+On a CUDA session the parameters were copied to the GPU at creation, so in-place updates do
+not reach it: ``variables`` is empty there and a delta fails clearly (a full reload works).
+
+Thread-safety: ``run`` from any number of threads (ORT sessions are thread-safe);
+``update_parameter`` / ``apply_delta`` from one thread at a time.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import numpy as np
+
+from ..checkpoint.delta import CheckpointError, Delta, VariableInfo
+from ..config import ModelConfig
+from ..errors import ConfigError, Internal, InvalidArgument
+from ..store.checkpoint_layout import ModelVersion
+from . import gpu, pinning
+from .onnx_convert import prepare
+from .string_hash import fingerprint64
+
+_global_pool_lock = threading.Lock()
+_global_pool_sizes: tuple[int, int] | None = None
+
+
+def _ort():
+    import onnxruntime as ort
+
+    return ort
+
+
+def ensure_global_thread_pools(intra: int, inter: int) -> tuple[int, int]:
+    """Size ORT's process-wide pools once (before any session uses them); return the sizes in force.
+
+    ORT refuses ``use_per_session_threads=False`` unless this ran first; the sizes can be set only
+    once per process, so a later model asking for other sizes shares the first model's pools.
+    """
+    global _global_pool_sizes
+    with _global_pool_lock:
+        if _global_pool_sizes is None:
+            _ort().set_global_thread_pool_sizes(intra, inter)
+            _global_pool_sizes = (intra, inter)
+        return _global_pool_sizes
+
+
+def intra_op_affinities(cpus: tuple[int, ...] | list[int], threads: int) -> str:
+    """``session.intra_op_thread_affinities`` pinning every pool worker to ``cpus``.
+
+    ORT wants ``threads - 1`` entries separated by ``;`` (the calling thread is the first thread
+    and is not pinned), each a comma list of 1-based logical CPU ids.
+    """
+    entry = ",".join(str(c + 1) for c in cpus)
+    return ";".join([entry] * (threads - 1))
+
+
+class OnnxRuntimeBackend:
+    """See the module doc."""
+
+    def __init__(self, config: ModelConfig, version: ModelVersion, plan: gpu.DevicePlan) -> None:
+        ort = _ort()
+        self._config = config
+        self._plan = plan
+        self.lanes = len(plan.lanes)
+        self._sessions: list[Any] = []
+        self._prepared = prepare(version.savedmodel_dir, version, config.signature_name)
+        self.signature = self._prepared.signature
+        self._hashed = set(self._prepared.hashed_inputs)
+        self._strings = {a for a, s in self.signature.inputs.items() if s.dtype == 7 and a not in self._hashed}
+        self._input_names = {a: s.name for a, s in self.signature.inputs.items()}
+        self._output_names = {a: s.name for a, s in self.signature.outputs.items()}
+        self._params = self._prepared.load_parameters()
+        self._values = {n: ort.OrtValue.ortvalue_from_numpy(a) for n, a in self._params.items()}
+        table = self._prepared.manifest["parameters"]
+        self._by_variable = {p["variable"]: n for n, p in table.items() if p.get("variable")}
+
+        per_session = config.use_per_session_threads
+        cpusets = config.cpusets if per_session else ()
+        if cpusets:
+            pinning.check_cpus(cpusets)
+        self._global_pools = None
+        if not per_session:
+            self._global_pools = ensure_global_thread_pools(config.intra_op_parallelism_threads,
+                                                             config.inter_op_parallelism_threads)
+        self._session_lanes: dict[int, list[int]] = {}
+        for d in plan.lanes:
+            self._session_lanes.setdefault(d.session, []).append(d.lane)
+        self._pins: list[dict[str, Any]] = []
+        try:
+            for index in range(plan.sessions):
+                first_lane = self._session_lanes[index][0]
+                device = plan.lanes[first_lane]
+                cpus = cpusets[first_lane] if cpusets else None
+                self._sessions.append(self._open_session(index, device, cpus))
+        except Exception:
+            self.close()
+            raise
+        self._lane_session = [self._sessions[d.session] for d in plan.lanes]
+
+    def _session_options(self, cpus: tuple[int, ...] | None):
+        ort = _ort()
+        config = self._config
+        options = ort.SessionOptions()
+        options.add_session_config_entry("session.disable_prepacking", "1")
+        options.log_severity_level = 3
+        if config.use_per_session_threads:
+            intra = config.intra_op_parallelism_threads or (len(cpus) if cpus else 0)
+            options.intra_op_num_threads = intra
+            options.inter_op_num_threads = config.inter_op_parallelism_threads
+            if cpus and intra > 1:
+                options.add_session_config_entry("session.intra_op_thread_affinities",
+                                                 intra_op_affinities(cpus, intra))
+        else:
+            options.use_per_session_threads = False
+        for name, value in self._values.items():
+            options.add_initializer(name, value)
+        return options
+
+    def _open_session(self, index: int, device: gpu.LaneDevice, cpus: tuple[int, ...] | None):
+        ort = _ort()
+        options = self._session_options(cpus)
+        with pinning.creation_lock, pinning.new_threads() as created:
+            try:
+                session = ort.InferenceSession(self._prepared.model_path, options,
+                                               providers=gpu.ort_providers(device))
+            except Exception as exc:
+                raise Internal(f"ONNX Runtime could not load {self._prepared.model_path!r}: "
+                               f"{type(exc).__name__}: {exc}") from None
+        if device.gpu is not None and "CUDAExecutionProvider" not in session.get_providers():
+            raise ConfigError(f"gpu_ids_list: ONNX Runtime could not start CUDA on GPU {device.gpu} "
+                              f"(providers: {session.get_providers()}); check the CUDA 13 / cuDNN 9 libraries")
+        self._pins.append(self._pin_report(index, cpus, created))
+        return session
+
+    def _pin_report(self, index: int, cpus: tuple[int, ...] | None, created: dict[int, str]) -> dict[str, Any]:
+        report: dict[str, Any] = {"session": index, "lanes": self._session_lanes[index],
+                                  "pool_threads_created": len(created)}
+        if cpus is None:
+            return report
+        pinned = []
+        for tid in created:
+            try:
+                if os.sched_getaffinity(tid) == set(cpus):
+                    pinned.append(tid)
+            except OSError:
+                pass
+        report.update(cpus=list(cpus), threads_pinned=len(pinned))
+        return report
+
+    # --- serving ------------------------------------------------------------------------------
+
+    def _feeds(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = {}
+        for alias, value in feeds.items():
+            if alias in self._hashed:
+                try:
+                    value = fingerprint64(value)
+                except TypeError as exc:
+                    raise InvalidArgument(f"input {alias!r}: {exc}") from None
+            elif alias in self._strings:
+                try:
+                    value = np.array([v.decode("utf-8") if isinstance(v, bytes) else v for v in value.reshape(-1)],
+                                     dtype=object).reshape(value.shape)
+                except UnicodeDecodeError:
+                    raise InvalidArgument(f"input {alias!r}: ONNX Runtime takes UTF-8 strings only") from None
+            out[self._input_names[alias]] = value
+        return out
+
+    def run(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]) -> list[np.ndarray]:
+        session = self._lane_session[lane]
+        ort_feeds = self._feeds(feeds)
+        try:
+            return session.run([self._output_names[a] for a in fetches], ort_feeds)
+        except Exception as exc:
+            kind = type(exc).__name__
+            if kind in ("InvalidArgument", "InvalidGraph") or "INVALID_ARGUMENT" in str(exc):
+                raise InvalidArgument(f"the model rejected the input: {exc}") from None
+            raise Internal(f"ONNX Runtime: {kind}: {exc}") from None
+
+    def run_traced(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]):
+        """ORT profiles whole sessions, not one call; the request runs untraced."""
+        raise NotImplementedError("ONNX Runtime cannot trace a single call")
+
+    # --- parameters ---------------------------------------------------------------------------
+
+    @property
+    def variables(self) -> dict[str, VariableInfo]:
+        """Parameters a delta may update, by TF variable (checkpoint) name; empty on a GPU."""
+        if self._plan.on_gpu:
+            return {}
+        return {var: VariableInfo(self._params[n].shape, self._params[n].dtype)
+                for var, n in self._by_variable.items()}
+
+    def parameter_names(self) -> list[str]:
+        """Every parameter's initializer name (TF variable names are accepted too)."""
+        return sorted(self._params)
+
+    def update_parameter(self, name: str, values: np.ndarray, rows: np.ndarray | None = None) -> None:
+        """Write ``values`` into parameter ``name`` in place, for every session.
+
+        ``name`` is a TF variable name (``embeddings/C1``) or an initializer name. Without
+        ``rows`` the whole value is replaced (same shape); with ``rows`` (int64 row ids) the
+        rows ``values[i]`` go to rows ``rows[i]``. Raises KeyError for an unknown parameter,
+        ValueError for a shape mismatch, ConfigError on a GPU session (its copy is on the GPU).
+        """
+        if self._plan.on_gpu:
+            raise ConfigError("in-place parameter updates reach CPU sessions only; this group runs on GPU")
+        target = self._params[self._by_variable.get(name, name)]
+        values = np.asarray(values, dtype=target.dtype)
+        if rows is None:
+            if values.shape != target.shape:
+                raise ValueError(f"{name}: shape {list(values.shape)}, the parameter's is {list(target.shape)}")
+            np.copyto(target, values)
+        else:
+            rows = np.asarray(rows, dtype=np.int64)
+            if values.shape != (len(rows), *target.shape[1:]):
+                raise ValueError(f"{name}: {len(rows)} rows of shape {list(values.shape)} do not fit "
+                                 f"{list(target.shape)}")
+            if len(rows) and (rows.min() < 0 or rows.max() >= target.shape[0]):
+                raise ValueError(f"{name}: row ids outside [0, {target.shape[0]})")
+            target[rows] = values
+
+    def apply_delta(self, delta: Delta) -> None:
+        """Write a checked delta into the shared arrays (no run is in flight: the gate holds them)."""
+        variables = self.variables
+        for name in [*delta.rows, *delta.dense]:
+            if name not in variables:
+                raise CheckpointError(f"delta {delta.step}: {name!r} cannot be updated in place on "
+                                      f"ONNX Runtime (not an unchanged parameter of the converted graph)")
+        for name, (keys, values) in delta.rows.items():
+            self.update_parameter(name, values, keys)
+        for name, value in delta.dense.items():
+            self.update_parameter(name, value)
+
+    # --- facts --------------------------------------------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        ort = _ort()
+        config = self._config
+        manifest = self._prepared.manifest
+        per_session = config.use_per_session_threads
+        pinning_report: dict[str, Any] = {"sessions": self._pins}
+        if not config.cpusets:
+            pinning_report["summary"] = "no cpusets configured; nothing pinned"
+        elif not per_session:
+            pinning_report["summary"] = ("cpusets ignored: pinning needs use_per_session_threads "
+                                         "(sessions share the process-wide pool)")
+        else:
+            pinning_report["summary"] = ("intra-op pool workers pinned per session through "
+                                         "session.intra_op_thread_affinities; the calling thread is not pinned")
+        weight_bytes = sum(a.nbytes for a in self._params.values())
+        return {
+            "engine": "onnxruntime",
+            "engine_version": ort.__version__,
+            "lanes": self.lanes,
+            "sessions": len(self._sessions),
+            "providers": self._sessions[0].get_providers() if self._sessions else [],
+            "weights": (f"one copy of {len(self._params)} parameters ({weight_bytes / 2**20:.1f} MiB) in "
+                        f"processor-owned memory, shared by all sessions (add_initializer, no copy)"),
+            "threads": ({"mode": "per-session pools", "intra_op_num_threads": config.intra_op_parallelism_threads,
+                         "inter_op_num_threads": config.inter_op_parallelism_threads} if per_session else
+                        {"mode": "global pools", "sizes_in_force": list(self._global_pools or ())}),
+            "pinning": pinning_report,
+            "devices": self._plan.describe(),
+            "model": {"source": manifest["source"], "cache": str(self._prepared.directory),
+                      "cache_hit": self._prepared.cache_hit, "check": manifest["check"],
+                      "string_inputs_hashed_by_processor": sorted(self._hashed),
+                      "variables_not_updatable": manifest.get("variables_not_updatable", [])},
+        }
+
+    def close(self) -> None:
+        self._sessions = []
+        self._lane_session = []
+        self._values = {}
+        self._params = {}
