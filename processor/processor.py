@@ -78,7 +78,7 @@ class Processor:
         """(200, ServingModelInfo{model_path = served full checkpoint prefix, "" if none})."""
         try:
             version = self.manager.served_version()
-            path = redact_url(version.full_prefix) if version else ""
+            path = redact_url(self.manager.store.url(version.full_prefix)) if version else ""
             return int(StatusCode.OK), predict_pb2.ServingModelInfo(model_path=path).SerializeToString()
         except Exception as exc:
             err = as_processor_error(exc)

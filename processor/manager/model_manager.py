@@ -66,7 +66,7 @@ class ModelManager:
     def __init__(self, name: str, config: ModelConfig, store: ModelStore | None = None) -> None:
         self.name = name
         self.config = config
-        self.store = store or ModelStore.for_path(config.savedmodel_dir)
+        self.store = store or ModelStore.for_config(config)
         self._current: ServableHandle | None = None
         self._lock = threading.RLock()
         self._pinned: ModelVersion | None = None
@@ -147,13 +147,15 @@ class ModelManager:
         if self._current is None:
             self.state = "loading"
         started = time.monotonic()
+        local = self.store.materialize(version)
         try:
-            group = open_session_group(self.config, version)
+            group = open_session_group(self.config, local)
         except Exception as exc:
             raise as_processor_error(exc) from None
+        group.version = version  # loaded from the local copy; serves (and reports) the store's version
         try:
             if version.delta_prefix:
-                group.apply_delta(read_delta(version.delta_prefix, version.delta_step,
+                group.apply_delta(read_delta(local.delta_prefix, version.delta_step,
                                              group.backend.variables), version)
             if self._current is None:
                 self.state = "warming"
@@ -171,7 +173,8 @@ class ModelManager:
     def _apply_delta_locked(self, version: ModelVersion) -> None:
         started = time.monotonic()
         handle = self._current
-        delta = read_delta(version.delta_prefix, version.delta_step, handle.group.backend.variables)
+        local = self.store.materialize(version)
+        delta = read_delta(local.delta_prefix, version.delta_step, handle.group.backend.variables)
         hold = handle.group.apply_delta(delta, version)
         self.stats["last_delta_hold_seconds"] = round(hold, 6)
         self._served(version, "delta_updates", "last_delta_seconds", time.monotonic() - started)
@@ -299,8 +302,9 @@ class ModelManager:
             v = group.version
             out.update({
                 "version": {"label": v.label, "full_step": v.full_step, "delta_step": v.delta_step,
-                            "full_checkpoint": v.full_prefix, "delta_checkpoint": v.delta_prefix,
-                            "run_dir": v.run_dir},
+                            "full_checkpoint": self.store.url(v.full_prefix),
+                            "delta_checkpoint": self.store.url(v.delta_prefix),
+                            "run_dir": self.store.url(v.run_dir)},
                 "signature": group.signature.describe(),
                 "session_group": group.describe(),
             })

@@ -103,11 +103,13 @@ def latest_version(store: ModelStore, savedmodel_dir: str, checkpoint_dir: str |
     """The version to serve now; ``pin_full_step`` serves that full step (and its deltas).
 
     Raises Unavailable when nothing servable exists yet, NotFound for a pinned step that is absent.
+    Paths may be URLs of the store; the version holds the store's own paths.
     """
+    savedmodel_dir = store.strip(savedmodel_dir)
     find_savedmodel(store, savedmodel_dir)
     if checkpoint_dir is None:
         return ModelVersion(-1, -1, savedmodel_dir=savedmodel_dir)
-    run = newest_run(store, checkpoint_dir)
+    run = newest_run(store, store.strip(checkpoint_dir))
     fulls = {s: p for s, p in complete_checkpoints(store, run).items()
              if not posixpath.basename(p).startswith("incremental_")}
     if not fulls:
