@@ -108,7 +108,7 @@ class ModelConfig(BaseModel):
     # --- model location ---------------------------------------------------------------------
     savedmodel_dir: str = Field(min_length=1)
     checkpoint_dir: str | None = None
-    model_store_type: str = "local"
+    model_store_type: Literal["local", "s3", "oss"] = "local"
     oss_endpoint: str | None = None
     oss_access_id: str | None = None
     oss_access_key: str | None = None
