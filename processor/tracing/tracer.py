@@ -106,7 +106,7 @@ class Tracer:
         self._writer: threading.Thread | None = None
         self._closed = False
         self.stats = {"traced": 0, "written": 0, "write_errors": 0, "dropped": 0,
-                      "last_error": None, "last_file": None}
+                      "last_error": None, "last_file": None, "write_ms_total": 0.0}
 
     @classmethod
     def from_config(cls, model: str, config: ModelConfig) -> Tracer | None:
@@ -179,6 +179,7 @@ class Tracer:
                 self._queue.task_done()
 
     def _write(self, recorder: TraceRecorder) -> None:
+        started = time.perf_counter()
         try:
             data = build_step_stats(recorder, self.model)
             name = f"timeline-{_next_file_index(self._sink.display)}"
@@ -191,6 +192,7 @@ class Tracer:
             return
         self.stats["written"] += 1
         self.stats["last_file"] = where
+        self.stats["write_ms_total"] += (time.perf_counter() - started) * 1000
         log.info("%s: timeline of step %d written to %s", self.model, recorder.step, where)
 
     def flush(self, timeout: float = 30.0) -> bool:
