@@ -52,8 +52,9 @@
  *     the Python environment (virtualenv) the library was built for. Override it with the
  *     environment variable SERVING_PROCESSOR_PYTHON=/path/to/venv/bin/python (must be the
  *     same Python version). SERVING_PROCESSOR_ROOT overrides the project directory that is
- *     put on sys.path so that the `processor` package imports. Python's signal handlers are
- *     not installed; the host keeps its own.
+ *     put on sys.path so that the `processor` package imports. The interpreter is a polite
+ *     guest: no Python signal handlers (the host keeps its own), the host's locale and C stdio
+ *     are left as they are (Python runs in UTF-8 mode instead).
  *   - If the host already runs Python (e.g. it loaded the library with ctypes), the library
  *     joins that interpreter. That Python must be the shared-libpython build the library was
  *     linked against.

@@ -119,10 +119,17 @@ static void promote_libpython(void) {
   }
 }
 
-/* Thread exit: delete the thread state this library created for the thread. */
+#if PY_VERSION_HEX >= 0x030D0000
+#define sp_is_finalizing() Py_IsFinalizing()
+#else
+#define sp_is_finalizing() _Py_IsFinalizing()
+#endif
+
+/* Thread exit: delete the thread state this library created for the thread. (Once the
+ * interpreter is finalizing or finalized -- a Python host exiting -- it owns all states.) */
 static void tstate_destructor(void* p) {
   PyThreadState* ts = (PyThreadState*)p;
-  if (ts == NULL || !Py_IsInitialized() || _Py_IsFinalizing()) return;
+  if (ts == NULL || !Py_IsInitialized() || sp_is_finalizing()) return;
   PyEval_RestoreThread(ts);
   PyThreadState_Clear(ts);
   PyThreadState_DeleteCurrent(); /* also releases the GIL */
@@ -159,11 +166,23 @@ static int start_interpreter(char* err, size_t errlen) {
              exe);
     return -1;
   }
+  /* A guest in the host's process: leave its locale, stdio and signal handlers alone. With the
+   * locale untouched, UTF-8 mode keeps Python's encodings independent of the host's locale. */
+  PyPreConfig pre;
+  PyPreConfig_InitPythonConfig(&pre);
+  pre.configure_locale = 0;
+  pre.utf8_mode = 1;
+  PyStatus st = Py_PreInitialize(&pre);
+  if (PyStatus_Exception(st)) {
+    snprintf(err, errlen, SP_PREFIX "cannot pre-initialize Python: %s",
+             st.err_msg ? st.err_msg : "exit");
+    return -1;
+  }
   PyConfig config;
   PyConfig_InitPythonConfig(&config);
   config.install_signal_handlers = 0;
+  config.configure_c_stdio = 0;
   config.parse_argv = 0;
-  PyStatus st = PyStatus_Ok();
   if (exe[0] != '\0') {
     /* executable (not its resolved target) so that site.py finds <venv>/pyvenv.cfg */
     st = PyConfig_SetBytesString(&config, &config.executable, exe);

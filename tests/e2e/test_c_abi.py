@@ -143,6 +143,14 @@ def test_host_bad_config_fails_cleanly(native_build, ctr_files, tmp_path):
     assert re.search(r"\[TensorFlow\] Processor initialize failed, status:.*sesion_num", proc.stderr)
 
 
+def test_host_without_its_python_environment_fails_cleanly(native_build, ctr_files):
+    env = _env(SERVING_PROCESSOR_PYTHON="/nonexistent/venv/bin/python")
+    proc = run_host(native_build, ctr_files, env=env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "[TensorFlow] Processor initialize failed, status:[serving_processor] Python interpreter " \
+           "'/nonexistent/venv/bin/python' not found" in proc.stderr
+
+
 def test_host_thread_states_are_released(native_build, tmp_path):
     """8 host threads each got one Python thread state; each was deleted when its thread ended."""
     (tmp_path / "c.json").write_text(json.dumps({"model_path": "@thread_states"}))
