@@ -84,6 +84,10 @@ def test_a_delta_present_at_start_is_applied(ctr, trainer, feeds, make_processor
 
 
 def test_steady_load_during_updates_zero_failures_consistent_versions(ctr, trainer, feeds, make_processor):
+    """4 client threads while deltas and fulls land. SP_SOAK_SECONDS=60 runs the issue's soak
+    (a delta every 2 s, a full every 20 s); the default is a 4 s version of it."""
+    soak = float(os.environ.get("SP_SOAK_SECONDS", "0"))
+    duration, delta_every, full_every = (soak, 2.0, 20.0) if soak else (4.0, 0.5, 2.0)
     p = make_processor(model_config(ctr, file_system_poll_wait_seconds=POLL, session_num=4,
                                     use_per_session_threads=True))
     request = codec.encode_request(feeds)
@@ -102,11 +106,17 @@ def test_steady_load_during_updates_zero_failures_consistent_versions(ctr, train
     clients = [threading.Thread(target=client) for _ in range(4)]
     for c in clients:
         c.start()
-    for i in range(8):
+    started = last_full = time.monotonic()
+    while time.monotonic() - started < duration:
+        time.sleep(delta_every)
         trainer.train(3)
-        (trainer.save_full if i % 4 == 3 else trainer.save_delta)()
+        if time.monotonic() - last_full >= full_every:
+            trainer.save_full()
+            last_full = time.monotonic()
+        else:
+            trainer.save_delta()
         references.append(trainer.predict(feeds)["logits"])
-        time.sleep(0.5)
+    time.sleep(POLL * 3)
     stop.set()
     for c in clients:
         c.join()
@@ -115,6 +125,9 @@ def test_steady_load_during_updates_zero_failures_consistent_versions(ctr, train
     for r in responses:
         assert any(np.allclose(r, ref, rtol=1e-5, atol=1e-6) for ref in references), "mixed version"
     assert label(p) == str(trainer.step) or label(p).endswith(f"+{trainer.step}")
+    info = p.model_info()["updates"]
+    print(f"\nsoak {duration:.0f}s: {len(responses)} responses, 0 failures, "
+          f"{info['delta_updates']} deltas, {info['full_loads']} full loads")
 
 
 def _corrupt_truncate(prefix):
