@@ -11,7 +11,11 @@ The arrays and OrtValues are kept alive until :meth:`close`. Weight prepacking i
 Threads: with ``use_per_session_threads`` every session has its own intra-op pool of
 ``intra_op_parallelism_threads`` threads (the calling thread is one of them); otherwise all
 sessions share ONE process-wide pool (``onnxruntime.set_global_thread_pool_sizes``), sized by
-the first model that asks for it. ``cpusets`` pin each session's pool workers with
+the first model that asks for it. ORT's global pools are process state with two rules (measured
+with 1.31.1): they must be sized before the first session that uses them, and once they exist
+ORT refuses every new session with its own pools ("use_per_session_threads must be false when
+using a global thread pool"). So after one model in the process asked for global pools, later
+sessions use them too, whatever their config; model info says so. ``cpusets`` pin each session's pool workers with
 ``session.intra_op_thread_affinities``; what the kernel actually applied is read back from
 ``/proc`` and reported. ``enable_inline_execute`` has nothing to change: ORT runs a graph on
 the calling thread, helped by the intra-op pool.
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -70,6 +75,11 @@ def ensure_global_thread_pools(intra: int, inter: int) -> tuple[int, int]:
         return _global_pool_sizes
 
 
+def global_pools_in_force() -> tuple[int, int] | None:
+    """The sizes of ORT's global pools if some model created them, else None."""
+    return _global_pool_sizes
+
+
 def intra_op_affinities(cpus: tuple[int, ...] | list[int], threads: int) -> str:
     """``session.intra_op_thread_affinities`` pinning every pool worker to ``cpus``.
 
@@ -99,8 +109,11 @@ class OnnxRuntimeBackend:
         self._values = {n: ort.OrtValue.ortvalue_from_numpy(a) for n, a in self._params.items()}
         table = self._prepared.manifest["parameters"]
         self._by_variable = {p["variable"]: n for n, p in table.items() if p.get("variable")}
+        self._variable_shapes = {n: tuple(p.get("variable_shape", p["shape"])) for n, p in table.items()}
 
-        per_session = config.use_per_session_threads
+        self._forced_global = config.use_per_session_threads and global_pools_in_force() is not None
+        per_session = config.use_per_session_threads and not self._forced_global
+        self._per_session = per_session
         cpusets = config.cpusets if per_session else ()
         if cpusets:
             pinning.check_cpus(cpusets)
@@ -129,7 +142,7 @@ class OnnxRuntimeBackend:
         options = ort.SessionOptions()
         options.add_session_config_entry("session.disable_prepacking", "1")
         options.log_severity_level = 3
-        if config.use_per_session_threads:
+        if self._per_session:
             intra = config.intra_op_parallelism_threads or (len(cpus) if cpus else 0)
             options.intra_op_num_threads = intra
             options.inter_op_num_threads = config.inter_op_parallelism_threads
@@ -163,13 +176,21 @@ class OnnxRuntimeBackend:
                                   "pool_threads_created": len(created)}
         if cpus is None:
             return report
-        pinned = []
-        for tid in created:
-            try:
-                if os.sched_getaffinity(tid) == set(cpus):
-                    pinned.append(tid)
-            except OSError:
-                pass
+        # ORT's workers pin themselves when they start, which may be just after the session is
+        # returned: read the kernel's view until every worker shows it (or 2 s pass).
+        workers = max(0, (self._config.intra_op_parallelism_threads or len(cpus)) - 1)
+        deadline = time.monotonic() + 2.0
+        while True:
+            pinned = []
+            for tid in created:
+                try:
+                    if os.sched_getaffinity(tid) == set(cpus):
+                        pinned.append(tid)
+                except OSError:
+                    pass
+            if len(pinned) >= workers or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
         report.update(cpus=list(cpus), threads_pinned=len(pinned))
         return report
 
@@ -214,7 +235,7 @@ class OnnxRuntimeBackend:
         """Parameters a delta may update, by TF variable (checkpoint) name; empty on a GPU."""
         if self._plan.on_gpu:
             return {}
-        return {var: VariableInfo(self._params[n].shape, self._params[n].dtype)
+        return {var: VariableInfo(self._variable_shapes[n], self._params[n].dtype)
                 for var, n in self._by_variable.items()}
 
     def parameter_names(self) -> list[str]:
@@ -231,12 +252,14 @@ class OnnxRuntimeBackend:
         """
         if self._plan.on_gpu:
             raise ConfigError("in-place parameter updates reach CPU sessions only; this group runs on GPU")
-        target = self._params[self._by_variable.get(name, name)]
+        key = self._by_variable.get(name, name)
+        target = self._params[key]
         values = np.asarray(values, dtype=target.dtype)
         if rows is None:
-            if values.shape != target.shape:
-                raise ValueError(f"{name}: shape {list(values.shape)}, the parameter's is {list(target.shape)}")
-            np.copyto(target, values)
+            if values.shape not in (target.shape, self._variable_shapes[key]):
+                raise ValueError(f"{name}: shape {list(values.shape)}, the parameter's is "
+                                 f"{list(self._variable_shapes[key])}")
+            np.copyto(target, values.reshape(target.shape))
         else:
             rows = np.asarray(rows, dtype=np.int64)
             if values.shape != (len(rows), *target.shape[1:]):
@@ -264,12 +287,12 @@ class OnnxRuntimeBackend:
         ort = _ort()
         config = self._config
         manifest = self._prepared.manifest
-        per_session = config.use_per_session_threads
+        per_session = self._per_session
         pinning_report: dict[str, Any] = {"sessions": self._pins}
         if not config.cpusets:
             pinning_report["summary"] = "no cpusets configured; nothing pinned"
         elif not per_session:
-            pinning_report["summary"] = ("cpusets ignored: pinning needs use_per_session_threads "
+            pinning_report["summary"] = ("cpusets ignored: pinning needs per-session pools "
                                          "(sessions share the process-wide pool)")
         else:
             pinning_report["summary"] = ("intra-op pool workers pinned per session through "
@@ -285,7 +308,10 @@ class OnnxRuntimeBackend:
                         f"processor-owned memory, shared by all sessions (add_initializer, no copy)"),
             "threads": ({"mode": "per-session pools", "intra_op_num_threads": config.intra_op_parallelism_threads,
                          "inter_op_num_threads": config.inter_op_parallelism_threads} if per_session else
-                        {"mode": "global pools", "sizes_in_force": list(self._global_pools or ())}),
+                        {"mode": "global pools", "sizes_in_force": list(self._global_pools or ()),
+                         **({"note": "use_per_session_threads asked for, but an earlier model in this process "
+                                     "created ORT's global pools; ORT then refuses per-session pools"}
+                            if self._forced_global else {})}),
             "pinning": pinning_report,
             "devices": self._plan.describe(),
             "model": {"source": manifest["source"], "cache": str(self._prepared.directory),

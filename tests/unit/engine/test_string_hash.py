@@ -1,0 +1,28 @@
+"""The processor-side string fingerprint equals TensorFlow's to_hash_bucket_fast, every length."""
+
+import numpy as np
+
+
+def test_fingerprint_buckets_equal_tensorflow():
+    import tensorflow as tf
+
+    from processor.engine.string_hash import to_hash_bucket_fast
+
+    rng = np.random.default_rng(0)
+    values = [bytes(rng.integers(0, 256, n, dtype=np.uint8)) for n in [*range(0, 200), 255, 256, 257, 1000] * 2]
+    values += ["héllo", "8625b742", b"\x00", b"\x00\x00abc\x00"]
+    array = np.array(values, dtype=object).reshape(-1, 2)
+    for buckets in (1, 7, 1000, 2**62):
+        want = tf.strings.to_hash_bucket_fast(array, buckets).numpy()
+        np.testing.assert_array_equal(to_hash_bucket_fast(array, buckets), want)
+
+
+def test_one_width_fast_path_and_empty():
+    import tensorflow as tf
+
+    from processor.engine.string_hash import fingerprint64, to_hash_bucket_fast
+
+    tokens = np.array([[b"%08x" % i for i in range(6)] for _ in range(4)], dtype=object)
+    np.testing.assert_array_equal(to_hash_bucket_fast(tokens, 5000),
+                                  tf.strings.to_hash_bucket_fast(tokens, 5000).numpy())
+    assert fingerprint64(np.zeros((0, 3), dtype=object)).shape == (0, 3)
