@@ -171,7 +171,9 @@ def measure(paths, calls: int, trace_dir: str) -> dict:
 
 def markdown(result: dict) -> str:
     lines = [f"# Timeline tracing cost (demo CTR model, preset {result['preset']}, 1 calling thread, "
-             f"{result['cpus']} CPUs; untraced modes alternate call by call, {result['calls']} calls each)", "",
+             f"{result['cpus']} CPUs, load average {result['loadavg_1min_before']:.1f} before / "
+             f"{result['loadavg_1min_after']:.1f} after; untraced modes alternate call by call, "
+             f"{result['calls']} calls each)", "",
              "| batch | mode | p25 us | p50 us | p75 us | trimmed mean us | added p50 us | added trimmed mean us |",
              "|---|---|---|---|---|---|---|---|"]
     for batch, row in result["batches"].items():
@@ -202,8 +204,9 @@ def main() -> None:
     paths = demo_paths(args.preset)
     with tempfile.TemporaryDirectory(prefix="bench-tracing-") as trace_dir:
         result = {"preset": args.preset, "calls": args.calls, "cpus": os.cpu_count(),
-                  "decision": decision_cost_ns()}
+                  "loadavg_1min_before": os.getloadavg()[0], "decision": decision_cost_ns()}
         result.update(measure(paths, args.calls, trace_dir))
+        result["loadavg_1min_after"] = os.getloadavg()[0]
     write_results("tracing", result, markdown(result))
 
 
