@@ -174,14 +174,14 @@ def _cache_key(savedmodel_dir: str, version: ModelVersion, signature_name: str, 
     if onnx_file:
         parts.update(kind="onnx", file=_file_digest(onnx_file))
     else:
-        import tf2onnx
+        from importlib.metadata import version as installed_version  # importing tf2onnx imports TF
 
         pb = os.path.join(savedmodel_dir, "saved_model.pb")
         if not os.path.isfile(pb):
             raise Internal(f"savedmodel_dir {savedmodel_dir!r} holds neither saved_model.pb nor a .onnx model")
         prefix = version.full_prefix or os.path.join(savedmodel_dir, "variables", "variables")
         parts.update(kind="savedmodel", pb=_file_digest(pb), prefix=os.path.abspath(prefix),
-                     files=_stat_list(prefix), signature=signature_name, tf2onnx=tf2onnx.__version__)
+                     files=_stat_list(prefix), signature=signature_name, tf2onnx=installed_version("tf2onnx"))
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
 
