@@ -156,7 +156,9 @@ static const char* python_executable(void) {
   return (exe != NULL && exe[0] != '\0') ? exe : SP_DEFAULT_PYTHON;
 }
 
-/* Starts an interpreter for the configured environment. Caller holds g_start_mu. */
+/* Starts an interpreter for the configured environment. Caller holds g_start_mu.
+ * Returns 0, -1 (nothing was started: a later call may retry) or -2 (Python failed to start
+ * and cannot be started again in this process). */
 static int start_interpreter(char* err, size_t errlen) {
   const char* exe = python_executable();
   if (exe[0] != '\0' && access(exe, X_OK) != 0) {
@@ -176,7 +178,7 @@ static int start_interpreter(char* err, size_t errlen) {
   if (PyStatus_Exception(st)) {
     snprintf(err, errlen, SP_PREFIX "cannot pre-initialize Python: %s",
              st.err_msg ? st.err_msg : "exit");
-    return -1;
+    return -2;
   }
   PyConfig config;
   PyConfig_InitPythonConfig(&config);
@@ -193,7 +195,7 @@ static int start_interpreter(char* err, size_t errlen) {
   if (PyStatus_Exception(st)) {
     snprintf(err, errlen, SP_PREFIX "cannot start Python (%s): %s%s%s", exe,
              st.func ? st.func : "", st.func ? ": " : "", st.err_msg ? st.err_msg : "exit");
-    return -1;
+    return -2;
   }
   (void)PyEval_SaveThread(); /* the GIL is held only around calls */
   return 0;
@@ -211,11 +213,11 @@ static int ensure_started(char* err, size_t errlen) {
     if (!Py_IsInitialized()) rc = start_interpreter(err, errlen); /* else: join the host's */
     if (rc == 0 && pthread_key_create(&g_tstate_key, tstate_destructor) != 0) {
       snprintf(err, errlen, SP_PREFIX "pthread_key_create failed");
-      rc = -1;
+      rc = -2;
     }
     if (rc == 0) {
       g_started = 1;
-    } else {
+    } else if (rc == -2) {
       g_start_failed = 1;
       snprintf(g_start_error, sizeof g_start_error, "%s", err);
     }
