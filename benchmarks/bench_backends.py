@@ -139,9 +139,12 @@ def main() -> None:
     group = open_group(paths, "onnxruntime", 1)  # converts (once) before any timing
     conversion = group.backend.describe()["model"]
     group.close()
+    load_before = os.getloadavg()
     rows = throughput(paths, args.seconds)
+    load_after = os.getloadavg()
     mem = None if args.skip_memory else memory(args.preset)
     payload = {"preset": args.preset, "cpus": os.cpu_count(), "seconds_per_point": args.seconds,
+               "load_average_before_after": [round(load_before[0], 2), round(load_after[0], 2)],
                "settings": "per-session pools, intra=1, inter=1, policy MOD, one calling thread per lane",
                "ort_conversion": conversion, "rows": rows, "memory": mem}
     write_results("backends", payload, markdown(rows, mem, args.preset))

@@ -222,7 +222,9 @@ class TensorFlowBackend:
                             if self._config.model_update_inter_threads else "the session's default pool")
                            + "; intra-op work shares the process-wide pool",
             "pinning": self._pinning,
-            "devices": self._devices.describe(),
+            "devices": {**self._devices.describe(), **({"note": (
+                "one graph: its dense part runs on the first lane's device; lanes on other (virtual) "
+                "GPUs need per-lane graph replicas, not built yet")} if self._devices.on_gpu else {})},
             "device_placement": self._placement,
         }
 
