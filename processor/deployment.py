@@ -1,0 +1,220 @@
+"""DeploymentConfig: one server process, many models, plus the server's own settings.
+
+The EAS-style shape, validated once at start::
+
+    {
+      "models": [
+        {"name": "ctr", "model_config": {...DeepRec model_config...}},
+        {"name": "toy", "model_config": "{\\"savedmodel_dir\\": ...}",     # a JSON string works too
+         "version_labels": {"stable": 1}, "inference_threads": 4}
+      ],
+      "http_port": 8080, "grpc_port": 8500, "host": "0.0.0.0",
+      "max_request_bytes": 67108864, "admin_token_env": "SP_ADMIN_TOKEN",
+      "drain_timeout_seconds": 30
+    }
+
+Every problem is a :class:`~processor.errors.ConfigError` whose message starts with the key path
+(``models[1] 'toy'.model_config.session_num: ...``); an unknown key is an error with the closest
+known key suggested. Each ``model_config`` is validated by :class:`~processor.config.ModelConfig`,
+so its rules live in one place. Objects are immutable and safe to share between threads.
+
+This module is transport-neutral: it never imports fastapi or grpc.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .config import ModelConfig
+from .errors import ConfigError
+
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$"
+LABEL_PATTERN = r"^[A-Za-z0-9_]+$"  # TF Serving's label grammar
+DEFAULT_HTTP_PORT = 8080
+DEFAULT_GRPC_PORT = 8500
+DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
+
+
+class ModelEntry(BaseModel):
+    """One served model: a URL-safe name, its ``model_config`` and serving options."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+
+    name: str = Field(pattern=MODEL_NAME_PATTERN)
+    config: ModelConfig = Field(alias="model_config")
+    # the model_config as given (DeepRec/EAS keys accepted and unused are reported from it)
+    raw_config: dict[str, Any] = Field(default_factory=dict, exclude=True)
+    # TF Serving version labels -> version number ("stable": 12)
+    version_labels: dict[str, int] = Field(default_factory=dict)
+    # worker threads that run this model's requests; default: two per session
+    inference_threads: int | None = Field(None, ge=1, le=1024)
+
+    @property
+    def lanes(self) -> int:
+        return self.config.session_num * max(1, len(self.config.gpu_ids_list))
+
+    @property
+    def threads(self) -> int:
+        return self.inference_threads or max(2, 2 * self.lanes)
+
+
+class DeploymentConfig(BaseModel):
+    """The whole deployment. See the module doc for the shape."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+
+    models: tuple[ModelEntry, ...] = Field(min_length=1)
+    host: str = Field("0.0.0.0", min_length=1)
+    # None disables a transport; 0 picks a free port (reported at start)
+    http_port: int | None = Field(DEFAULT_HTTP_PORT, ge=0, le=65535)
+    grpc_port: int | None = Field(DEFAULT_GRPC_PORT, ge=0, le=65535)
+    # largest request body (HTTP) / message (gRPC) accepted: 413 / RESOURCE_EXHAUSTED above it
+    max_request_bytes: int = Field(DEFAULT_MAX_REQUEST_BYTES, ge=1024, le=2**31 - 1)
+    # admin endpoints need this token when one is set; prefer admin_token_env (the name of an
+    # environment variable holding it) to keep secrets out of files
+    admin_token: str | None = Field(None, min_length=8)
+    admin_token_env: str | None = Field(None, min_length=1)
+    # SIGTERM: refuse new requests, wait this long for in-flight ones, then exit
+    drain_timeout_seconds: float = Field(30.0, ge=0, le=3600)
+    grpc_max_workers: int | None = Field(None, ge=1, le=1024)
+    access_log: bool = True
+    log_format: Literal["json", "text"] = "json"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    enable_docs: bool = True
+
+    @model_validator(mode="after")
+    def _checks(self) -> DeploymentConfig:
+        seen: set[str] = set()
+        for i, entry in enumerate(self.models):
+            if entry.name in seen:
+                raise ValueError(f"models[{i}].name: model name {entry.name!r} is used twice")
+            seen.add(entry.name)
+        if self.http_port is None and self.grpc_port is None:
+            raise ValueError("http_port: both http_port and grpc_port are null; enable at least one")
+        if self.admin_token and self.admin_token_env:
+            raise ValueError("admin_token: give admin_token or admin_token_env, not both")
+        return self
+
+    # --- construction -----------------------------------------------------------------------
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike) -> DeploymentConfig:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"deployment config {str(path)!r}: cannot read ({exc.strerror})") from None
+        return cls.from_json(text)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> DeploymentConfig:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"deployment config: not valid JSON ({exc})") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> DeploymentConfig:
+        """Validate a mapping; raise ConfigError naming the first bad key."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"deployment config: expected a JSON object, got {type(data).__name__}")
+        _reject_unknown(data, set(cls.model_fields), "")
+        models = data.get("models")
+        if not isinstance(models, list) or not models:
+            raise ConfigError("models: required, a non-empty list of {\"name\", \"model_config\"} objects")
+        entries = [_model_entry(i, m) for i, m in enumerate(models)]
+        fields = {k: v for k, v in data.items() if k != "models"}
+        try:
+            return cls(models=tuple(entries), **fields)
+        except ValidationError as exc:
+            raise ConfigError(_describe(exc)) from None
+
+    # --- use --------------------------------------------------------------------------------
+
+    def model(self, name: str) -> ModelEntry:
+        for entry in self.models:
+            if entry.name == name:
+                return entry
+        raise KeyError(name)
+
+    def resolved_admin_token(self) -> str | None:
+        """The admin token (from the file or the named environment variable); None: no token."""
+        if self.admin_token_env:
+            value = os.environ.get(self.admin_token_env, "")
+            if not value:
+                raise ConfigError(f"admin_token_env: environment variable {self.admin_token_env!r} "
+                                  f"is not set or empty")
+            return value
+        return self.admin_token
+
+    def redacted(self) -> dict[str, Any]:
+        """For logs: secrets masked, each model_config redacted by ModelConfig."""
+        out = self.model_dump(mode="json", exclude={"models"}, by_alias=True)
+        if out.get("admin_token"):
+            out["admin_token"] = "***"
+        out["models"] = [{"name": m.name, "model_config": m.config.redacted(),
+                          "version_labels": m.version_labels, "inference_threads": m.threads}
+                         for m in self.models]
+        return out
+
+
+def _model_entry(index: int, item: Any) -> ModelEntry:
+    where = f"models[{index}]"
+    if not isinstance(item, dict):
+        raise ConfigError(f"{where}: expected an object with \"name\" and \"model_config\"")
+    known = {"name", "model_config", "version_labels", "inference_threads"}
+    name = item.get("name")
+    if isinstance(name, str):
+        where = f"{where} {name!r}"
+    _reject_unknown(item, known, f"{where}.")
+    if "name" not in item:
+        raise ConfigError(f"{where}.name: required")
+    if "model_config" not in item:
+        raise ConfigError(f"{where}.model_config: required")
+    raw = item["model_config"]
+    if isinstance(raw, str):  # EAS files often carry model_config as a JSON string
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{where}.model_config: not valid JSON ({exc})") from None
+    try:
+        config = ModelConfig.from_dict(raw)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}.model_config.{exc.message}") from None
+    labels = item.get("version_labels", {})
+    if isinstance(labels, dict):
+        for label in labels:
+            if not re.match(LABEL_PATTERN, str(label)):
+                raise ConfigError(f"{where}.version_labels: label {label!r} must match {LABEL_PATTERN}")
+    try:
+        return ModelEntry(name=name, model_config=config, raw_config=raw,
+                          version_labels=labels, inference_threads=item.get("inference_threads"))
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, prefix=f"{where}.")) from None
+
+
+def _reject_unknown(data: dict, known: set[str], prefix: str) -> None:
+    for key in data:
+        if key not in known:
+            hint = difflib.get_close_matches(key, sorted(known), n=1)
+            suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
+            raise ConfigError(f"{prefix}{key}: unknown deployment key{suggestion}")
+
+
+def _describe(exc: ValidationError, prefix: str = "") -> str:
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        if not loc:  # model-level validators put the key first in their message
+            lines.append(f"{prefix}{msg}")
+        else:
+            lines.append(f"{prefix}{loc}: {msg} (got {err.get('input')!r})")
+    return "; ".join(lines)
