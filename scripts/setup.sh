@@ -18,6 +18,12 @@ stamp=.venv/.sp-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "[setup] installing packages (extras: $extras)"
   .venv/bin/pip install --quiet --disable-pip-version-check -e ".[$extras]"
+  case ",$extras," in *,server,*)
+    # TF Serving's API protos for the server's TF Serving gRPC services. The wheel requires the
+    # full `tensorflow` wheel, which must not sit next to tensorflow-cpu: install it without
+    # dependencies (it needs only grpcio, protobuf and the TensorFlow installed above).
+    .venv/bin/pip install --quiet --disable-pip-version-check --no-deps "tensorflow-serving-api>=2.18,<2.22" ;;
+  esac
   touch "$stamp"
 fi
 

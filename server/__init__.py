@@ -1,0 +1,1 @@
+"""HTTP and gRPC front-ends of the serving processor (see ``server.app``, ``python -m server``)."""

@@ -1,0 +1,138 @@
+"""``python -m server [--config deployment.json] [--http-port N] [--grpc-port N]``.
+
+Also installed as the ``serving-processor`` console script. Without ``--config`` it serves the
+demo CTR model (built on first use by ``demo.paths.ensure_demo_model()``) as model ``demo`` on
+the default ports (HTTP 8080, gRPC 8500) and prints the URLs and an example request.
+
+Exit status: 0 after a clean shutdown, 1 when the drain timeout cut requests off, 2 for a bad
+config or command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+from processor.errors import ConfigError
+
+from .app import ServingApp, configure
+
+log = logging.getLogger("server")
+
+DEMO_MODEL = "demo"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="serving-processor",
+        description="Serve TensorFlow recommendation models over HTTP (our wire format and TF Serving "
+                    "REST) and gRPC (ours and TF Serving's).")
+    parser.add_argument("--config", help="deployment JSON ({\"models\": [{\"name\", \"model_config\"}], ...}); "
+                        "omitted: serve the demo model")
+    parser.add_argument("--http-port", type=int, help="overrides http_port (0: a free port)")
+    parser.add_argument("--grpc-port", type=int, help="overrides grpc_port (0: a free port)")
+    parser.add_argument("--host", help="overrides host")
+    parser.add_argument("--ports-file", help="write the bound ports as JSON {\"http\", \"grpc\", \"pid\"}")
+    parser.add_argument("--check", action="store_true", help="validate the config and exit")
+    return parser
+
+
+def _demo_deployment() -> dict:
+    try:
+        from demo.paths import demo_model_config, ensure_demo_model
+    except ImportError as exc:
+        raise ConfigError(f"no --config given and the demo model is unavailable ({exc}); "
+                          f"pass --config deployment.json") from None
+    print("[server] preparing the demo model (built on first use) ...", flush=True)
+    paths = ensure_demo_model()
+    return {"models": [{"name": DEMO_MODEL, "model_config": demo_model_config(paths)}]}
+
+
+def load_deployment(args: argparse.Namespace):
+    """The validated deployment: the file (or the demo), with the command line's overrides."""
+    from processor.deployment import DeploymentConfig
+
+    if args.config:
+        try:
+            with open(args.config) as f:
+                data = json.load(f)
+        except OSError as exc:
+            raise ConfigError(f"--config {args.config!r}: cannot read ({exc.strerror})") from None
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--config {args.config!r}: not valid JSON ({exc})") from None
+    else:
+        data = _demo_deployment()
+    if isinstance(data, dict):
+        for key, value in (("http_port", args.http_port), ("grpc_port", args.grpc_port),
+                           ("host", args.host)):
+            if value is not None:
+                data[key] = value
+    return DeploymentConfig.from_dict(data)
+
+
+def example_request(app: ServingApp, name: str) -> str | None:
+    """A curl line for the TF Serving REST predict of ``name`` (built from its signature)."""
+    if app.http_port is None:
+        return None
+    try:
+        sig = app.runtime.dataplane.signature(name)
+    except Exception:
+        return None
+    row = {}
+    for spec in sig["inputs"]:
+        dims = [d if d and d > 0 else 1 for d in (spec["shape"] or [1])[1:]]
+        value: object = "a" if spec["type"] == "DT_STRING" else 0
+        for d in reversed(dims):
+            value = [value] * d
+        row[spec["name"]] = value
+    host = "127.0.0.1" if app.deployment.host in ("0.0.0.0", "::") else app.deployment.host
+    body = json.dumps({"instances": [row]}, separators=(",", ":"))
+    return (f"curl -s -X POST http://{host}:{app.http_port}/v1/models/{name}:predict "
+            f"-H 'Content-Type: application/json' -d '{body}'")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the server; returns (for bad configs) or ends the process with the exit status."""
+    args = _parser().parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    try:
+        deployment = load_deployment(args)
+        if args.check:
+            print(json.dumps(deployment.redacted(), indent=2))
+            return 0
+        deployment.resolved_admin_token()  # a named variable that is unset fails here
+    except ConfigError as exc:
+        print(f"serving-processor: bad config: {exc.message}", file=sys.stderr)
+        return 2
+    configure(deployment)
+    if deployment.admin_token is None and deployment.admin_token_env is None:
+        log.warning("no admin token configured: the /admin endpoints are open to every client")
+    try:
+        app = ServingApp(deployment, ports_file=args.ports_file)
+    except ConfigError as exc:
+        print(f"serving-processor: bad config: {exc.message}", file=sys.stderr)
+        return 2
+    if not args.config:
+        def announce_demo(name: str) -> None:
+            curl = example_request(app, name)
+            if curl:
+                app.announce(f"[server] model {name!r} ready; try:\n  {curl}")
+        app.runtime.on_model_ready.append(announce_demo)
+    try:
+        code = app.run()
+    except OSError as exc:  # a port in use: exit without waiting for the threads already started
+        log.error("cannot start: %s", exc)
+        code = 2
+    # Everything is closed. Skip the interpreter's teardown: TensorFlow's and gRPC's destructors
+    # take seconds, and after a cut-off drain, worker threads may still be running requests.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

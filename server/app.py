@@ -1,0 +1,200 @@
+"""Composition root: builds the runtime, the HTTP and gRPC servers, runs them, drains on SIGTERM.
+
+``ServingApp(deployment).run()`` (what ``python -m server`` calls), in the main thread:
+
+1. binds the ports (0 picks a free one; the bound ports are printed and, with ``ports_file``,
+   written as JSON ``{"http": port, "grpc": port}``), starts gRPC and uvicorn at once;
+2. loads every model on background threads (readiness stays 503 until all are loaded; a model
+   that fails is reported unready while the others serve);
+3. on SIGTERM or SIGINT: readiness and gRPC health turn NOT_SERVING, new requests are refused
+   with 503 / UNAVAILABLE, in-flight requests get up to ``drain_timeout_seconds`` to finish, then
+   both servers stop and the models are closed. Exit status 0 after a clean drain, 1 when the
+   timeout cut requests off. A second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from processor.deployment import DeploymentConfig
+
+from .runtime import ServingRuntime
+
+log = logging.getLogger("server")
+
+
+class ServingApp:
+    """See the module doc."""
+
+    def __init__(self, deployment: DeploymentConfig, *, managers: dict[str, Any] | None = None,
+                 ports_file: str | os.PathLike | None = None,
+                 announce: Callable[[str], None] | None = None) -> None:
+        self.deployment = deployment
+        self.runtime = ServingRuntime(deployment, managers)
+        self.ports_file = Path(ports_file) if ports_file else None
+        self.announce = announce or (lambda line: print(line, flush=True))
+        self.http_port: int | None = None
+        self.grpc_port: int | None = None
+        self._grpc = None
+        self._health = None
+        self._uvicorn = None
+        self._stop: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.started = threading.Event()  # set once the ports are bound and serving
+        self._signals = 0
+        self.exit_code = 0
+
+    # --- run --------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Serve until SIGTERM/SIGINT; return the process exit status."""
+        return asyncio.run(self.serve())
+
+    async def serve(self) -> int:
+        dep = self.deployment
+        loop = self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, self._on_signal, sig)
+
+        if dep.grpc_port is not None:
+            from .grpc.server import create_grpc_server
+
+            self._grpc, self.grpc_port, self._health = create_grpc_server(self.runtime, dep.host, dep.grpc_port)
+            self._grpc.start()
+        http_task = None
+        if dep.http_port is not None:
+            sock = _bind(dep.host, dep.http_port)
+            self.http_port = sock.getsockname()[1]
+            self._uvicorn = self._make_uvicorn()
+            http_task = asyncio.create_task(self._uvicorn.serve(sockets=[sock]))
+            while not self._uvicorn.started and not http_task.done():
+                await asyncio.sleep(0.02)
+            if http_task.done():
+                http_task.result()  # raises the startup error
+        self._write_ports()
+        self.runtime.start_models()
+        self.started.set()
+
+        await self._stop.wait()
+        await self._drain()
+        if http_task is not None:
+            self._uvicorn.should_exit = True
+            with contextlib.suppress(asyncio.CancelledError):
+                await http_task
+        self.runtime.close()
+        log.info("stopped", extra={"exit_code": self.exit_code})
+        return self.exit_code
+
+    def _make_uvicorn(self):
+        import uvicorn
+
+        from .http.app import create_http_app
+
+        class _Server(uvicorn.Server):
+            # signals are ours (drain first); uvicorn must not install or re-raise them
+            @contextlib.contextmanager
+            def capture_signals(self):
+                yield
+
+            def install_signal_handlers(self) -> None:  # older uvicorn
+                pass
+
+        config = uvicorn.Config(
+            create_http_app(self.runtime), log_config=None, access_log=False, lifespan="off",
+            timeout_keep_alive=30, timeout_graceful_shutdown=max(1, int(self.deployment.drain_timeout_seconds)),
+            server_header=False, http="h11" if not _has("httptools") else "httptools",
+            loop="asyncio", proxy_headers=False)
+        return _Server(config)
+
+    def _write_ports(self) -> None:
+        host = "127.0.0.1" if self.deployment.host in ("0.0.0.0", "::") else self.deployment.host
+        if self.http_port is not None:
+            self.announce(f"HTTP  http://{host}:{self.http_port}  (docs: /docs, metrics: /metrics)")
+        if self.grpc_port is not None:
+            self.announce(f"gRPC  {host}:{self.grpc_port}")
+        if self.ports_file is not None:
+            tmp = self.ports_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"http": self.http_port, "grpc": self.grpc_port, "pid": os.getpid()}))
+            tmp.replace(self.ports_file)
+
+    # --- shutdown ---------------------------------------------------------------------------
+
+    def _on_signal(self, sig: int) -> None:
+        self._signals += 1
+        if self._signals > 1:
+            log.warning("second signal %s: exiting now", signal.Signals(sig).name)
+            logging.shutdown()
+            os._exit(1)
+        log.info("%s received: draining (up to %.1f s)", signal.Signals(sig).name,
+                 self.deployment.drain_timeout_seconds)
+        self.request_stop()
+
+    def request_stop(self) -> None:
+        """Start the drain, as SIGTERM does; callable from any thread."""
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+
+    async def _drain(self) -> None:
+        rt = self.runtime
+        timeout = self.deployment.drain_timeout_seconds
+        started = time.monotonic()
+        rt.gate.start_draining()
+        if self._health is not None:
+            self._health.shutdown()
+        in_flight = rt.gate.in_flight
+        drained = await asyncio.get_running_loop().run_in_executor(None, rt.gate.wait_idle, timeout)
+        waited = time.monotonic() - started
+        if drained:
+            log.info("drained %d in-flight request(s) in %.2f s", in_flight, waited)
+        else:
+            log.warning("drain timeout (%.1f s): %d request(s) still running are cut off",
+                        timeout, rt.gate.in_flight)
+            self.exit_code = 1
+        if self._uvicorn is not None:  # what uvicorn may still wait for on its own
+            self._uvicorn.config.timeout_graceful_shutdown = 1 if drained else 0
+        if self._grpc is not None:
+            grace = 0.5 if drained else 0
+            await asyncio.get_running_loop().run_in_executor(None, lambda: self._grpc.stop(grace).wait(5))
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY only on sockets that say they are TCP; without
+    # it, Nagle + delayed ACKs add 40 ms to every response written in two parts (uvicorn does)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot bind the HTTP port {host}:{port}: {exc.strerror}") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def configure(deployment: DeploymentConfig) -> None:
+    from .logs import configure_logging
+
+    configure_logging(deployment.log_format, deployment.log_level)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+

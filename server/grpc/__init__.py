@@ -1,0 +1,1 @@
+"""gRPC front-end (grpcio)."""

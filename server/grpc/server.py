@@ -1,0 +1,274 @@
+"""The gRPC front-end (grpcio): thin transport over :class:`~server.runtime.ServingRuntime`.
+
+Services:
+
+* ``tensorflow.eas.ProcessorService/Predict`` (``protos/processor_service.proto``): our
+  ``PredictRequest`` / ``PredictResponse``; the model is named by the ``model-name`` request
+  metadata (optional when one model is served). Bytes go straight to ``DataPlane.predict``.
+* ``tensorflow.serving.PredictionService`` ``Predict`` and ``GetModelMetadata``, and
+  ``tensorflow.serving.ModelService/GetModelStatus``: the messages of the
+  ``tensorflow-serving-api`` package, so unchanged TF Serving clients work. Other methods
+  (Classify, Regress, MultiInference, HandleReloadConfigRequest) answer UNIMPLEMENTED.
+* ``grpc.health.v1.Health``: ``""`` is SERVING when every model is ready; each service name when
+  at least one model is; each model name when that model is; all NOT_SERVING while draining.
+
+Errors: a ProcessorError aborts the call with the gRPC status of ``STATUS_TABLE``. Messages over
+``max_request_bytes`` are refused by gRPC itself with RESOURCE_EXHAUSTED. Request ids travel in
+the ``x-request-id`` metadata (returned in the trailing metadata).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+
+from processor.errors import InvalidArgument, as_processor_error
+
+from .. import tfserving
+from ..logs import new_request_id, request_id_var
+from ..runtime import ServingRuntime
+from . import tensor_proto
+
+log = logging.getLogger("server.grpc")
+
+PROCESSOR_SERVICE = "tensorflow.eas.ProcessorService"
+PREDICTION_SERVICE = "tensorflow.serving.PredictionService"
+MODEL_SERVICE = "tensorflow.serving.ModelService"
+MODEL_NAME_KEYS = ("model-name", "x-model-name")
+
+
+def abort(context: grpc.ServicerContext, exc: BaseException) -> None:
+    """The one mapping of an error to gRPC: STATUS_TABLE's status name and the message."""
+    err = as_processor_error(exc)
+    context.abort(grpc.StatusCode[err.edge.grpc], err.message)
+
+
+def _metadata(context: grpc.ServicerContext, keys: tuple[str, ...]) -> str | None:
+    for key, value in context.invocation_metadata() or ():
+        if key in keys:
+            return value if isinstance(value, str) else value.decode("latin-1")
+    return None
+
+
+class _Handlers:
+    """The unary handlers; each resolves the model, then runs inside ``rt.track``."""
+
+    def __init__(self, rt: ServingRuntime) -> None:
+        self.rt = rt
+
+    def _call(self, api: str, model: str, context: grpc.ServicerContext,
+              work: Callable[[], Any]) -> Any:
+        rid = new_request_id(_metadata(context, ("x-request-id",)))
+        token = request_id_var.set(rid)
+        context.set_trailing_metadata((("x-request-id", rid),))
+        try:
+            try:
+                with self.rt.track(model, "grpc", api):
+                    return work()
+            except Exception as exc:
+                abort(context, exc)
+        finally:
+            request_id_var.reset(token)
+
+    # --- ours ------------------------------------------------------------------------------
+
+    def eas_predict(self, data: bytes, context: grpc.ServicerContext) -> bytes:
+        model = _metadata(context, MODEL_NAME_KEYS) or ""
+        names = self.rt.dataplane.model_names
+        if not model and len(names) == 1:
+            model = names[0]
+
+        def work() -> bytes:
+            if not model:
+                raise InvalidArgument(f"name the model in the 'model-name' request metadata; "
+                                      f"serving {sorted(names)}")
+            return self.rt.dataplane.predict(model, data)
+        return self._call("predict", model, context, work)
+
+    # --- TF Serving --------------------------------------------------------------------------
+
+    def _spec(self, spec) -> tuple[str, int | None, str | None]:
+        version = spec.version.value if spec.HasField("version") else None
+        label = spec.version_label if spec.HasField("version_label") else None
+        return spec.name, version, label
+
+    def _wanted(self, name: str, version: int | None, label: str | None) -> int | None:
+        entry = self.rt.entries.get(name)
+        return tfserving.requested_version(name, version, label,
+                                           entry.version_labels if entry else {})
+
+    def _served(self, name: str):
+        with self.rt.dataplane.manager(name).acquire() as group:
+            return group.signature, group.version
+
+    def tfs_predict(self, request, context: grpc.ServicerContext):
+        from tensorflow_serving.apis import predict_pb2
+
+        name, version, label = self._spec(request.model_spec)
+
+        def work():
+            wanted = self._wanted(name, version, label)
+            signature, served = self._served(name)
+            number = tfserving.check_served(name, served, wanted)
+            tfserving.check_signature_name(request.model_spec.signature_name, signature)
+            arrays = {key: tensor_proto.to_numpy(key, proto) for key, proto in request.inputs.items()}
+            outputs = self.rt.dataplane.predict_arrays(name, arrays, list(request.output_filter))
+            response = predict_pb2.PredictResponse()
+            response.model_spec.name = name
+            response.model_spec.version.value = number
+            response.model_spec.signature_name = signature.name
+            for key, array in outputs.items():
+                tensor_proto.from_numpy(array, response.outputs[key])
+            return response
+        return self._call("tfs_predict", name, context, work)
+
+    def tfs_metadata(self, request, context: grpc.ServicerContext):
+        from tensorflow_serving.apis import get_model_metadata_pb2
+
+        name, version, label = self._spec(request.model_spec)
+
+        def work():
+            fields = list(request.metadata_field)
+            unsupported = [f for f in fields if f != "signature_def"]
+            if unsupported or not fields:
+                raise InvalidArgument(f"Metadata field {unsupported[0] if unsupported else '(none)'} "
+                                      f"is not supported; ask for 'signature_def'")
+            wanted = self._wanted(name, version, label)
+            signature, served = self._served(name)
+            number = tfserving.check_served(name, served, wanted)
+            sig_map = get_model_metadata_pb2.SignatureDefMap()
+            sig_map.signature_def[signature.name].CopyFrom(tfserving.signature_def(signature))
+            response = get_model_metadata_pb2.GetModelMetadataResponse()
+            response.model_spec.name = name
+            response.model_spec.version.value = number
+            response.metadata["signature_def"].Pack(sig_map)
+            return response
+        return self._call("tfs_metadata", name, context, work)
+
+    def tfs_status(self, request, context: grpc.ServicerContext):
+        from tensorflow_serving.apis import get_model_status_pb2
+
+        name, version, label = self._spec(request.model_spec)
+
+        def work():
+            manager = self.rt.dataplane.manager(name)
+            statuses = tfserving.model_status(manager, self._wanted(name, version, label))
+            response = get_model_status_pb2.GetModelStatusResponse()
+            State = get_model_status_pb2.ModelVersionStatus.State
+            for s in statuses:
+                item = response.model_version_status.add(version=s.version, state=State.Value(s.state))
+                item.status.error_code = _error_code(s.error_code)
+                item.status.error_message = s.error_message
+            return response
+        return self._call("tfs_status", name, context, work)
+
+
+def _error_code(name: str) -> int:
+    from tensorflow.core.protobuf import error_codes_pb2
+
+    return error_codes_pb2.Code.Value(name)
+
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+def _generic_handlers(rt: ServingRuntime) -> list[grpc.GenericRpcHandler]:
+    h = _Handlers(rt)
+    handlers = [grpc.method_handlers_generic_handler(PROCESSOR_SERVICE, {
+        "Predict": grpc.unary_unary_rpc_method_handler(
+            h.eas_predict, request_deserializer=_identity, response_serializer=_identity),
+    })]
+    try:
+        from tensorflow_serving.apis import get_model_metadata_pb2, get_model_status_pb2, predict_pb2
+    except ImportError as exc:
+        log.warning("TF Serving gRPC API disabled: %s (install tensorflow-serving-api with "
+                    "--no-deps, as scripts/setup.sh does)", exc)
+        return handlers
+    handlers.append(grpc.method_handlers_generic_handler(PREDICTION_SERVICE, {
+        "Predict": grpc.unary_unary_rpc_method_handler(
+            h.tfs_predict, request_deserializer=predict_pb2.PredictRequest.FromString,
+            response_serializer=predict_pb2.PredictResponse.SerializeToString),
+        "GetModelMetadata": grpc.unary_unary_rpc_method_handler(
+            h.tfs_metadata, request_deserializer=get_model_metadata_pb2.GetModelMetadataRequest.FromString,
+            response_serializer=get_model_metadata_pb2.GetModelMetadataResponse.SerializeToString),
+    }))
+    handlers.append(grpc.method_handlers_generic_handler(MODEL_SERVICE, {
+        "GetModelStatus": grpc.unary_unary_rpc_method_handler(
+            h.tfs_status, request_deserializer=get_model_status_pb2.GetModelStatusRequest.FromString,
+            response_serializer=get_model_status_pb2.GetModelStatusResponse.SerializeToString),
+    }))
+    return handlers
+
+
+class Health:
+    """Keeps the standard health service in step with the models (polls every ``interval``)."""
+
+    def __init__(self, rt: ServingRuntime, server: grpc.Server, interval: float = 0.5) -> None:
+        self.rt = rt
+        self.servicer = None
+        self._stop = threading.Event()
+        self._interval = interval
+        try:
+            from grpc_health.v1 import health, health_pb2_grpc
+        except ImportError as exc:
+            log.warning("gRPC health service disabled: %s (pip install grpcio-health-checking)", exc)
+            return
+        self.servicer = health.HealthServicer(experimental_non_blocking=True)
+        health_pb2_grpc.add_HealthServicer_to_server(self.servicer, server)
+        self.update()
+        rt.on_model_ready.append(lambda name: self.update())
+        threading.Thread(target=self._loop, name="sp-grpc-health", daemon=True).start()
+
+    def update(self) -> None:
+        if self.servicer is None:
+            return
+        from grpc_health.v1 import health_pb2
+
+        serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+        draining = self.rt.gate.draining
+        ready = {name: m.ready and not draining for name, m in self.rt.managers.items()}
+        self.servicer.set("", serving if ready and all(ready.values()) else not_serving)
+        any_ready = serving if any(ready.values()) else not_serving
+        for service in (PROCESSOR_SERVICE, PREDICTION_SERVICE, MODEL_SERVICE):
+            self.servicer.set(service, any_ready)
+        for name, ok in ready.items():
+            self.servicer.set(name, serving if ok else not_serving)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.update()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        if self.servicer is not None:
+            self.servicer.enter_graceful_shutdown()
+
+
+def create_grpc_server(rt: ServingRuntime, host: str, port: int) -> tuple[grpc.Server, int, Health]:
+    """A started-later grpc.Server bound to ``host:port`` (0: a free port); returns the port."""
+    dep = rt.deployment
+    workers = dep.grpc_max_workers or max(4, sum(e.threads for e in dep.models) + 2)
+    server = grpc.server(
+        ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sp-grpc"),
+        handlers=_generic_handlers(rt),
+        options=[
+            ("grpc.max_receive_message_length", dep.max_request_bytes),
+            ("grpc.max_send_message_length", -1),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    health = Health(rt, server)
+    bound = server.add_insecure_port(f"{_grpc_host(host)}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot bind the gRPC port {host}:{port}")
+    return server, bound, health
+
+
+def _grpc_host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host

@@ -1,0 +1,73 @@
+"""``tensorflow.TensorProto`` <-> numpy, for the TF Serving gRPC API (no TensorFlow ops needed).
+
+Inputs may use ``tensor_content`` (what ``tf.make_tensor_proto`` writes for numbers) or the typed
+repeated fields (one value is broadcast, as TensorFlow does); outputs are written the way TF
+Serving writes them: ``tensor_content`` for numbers, ``string_val`` for strings, so
+``tf.make_ndarray`` reads them back. Problems raise InvalidArgument naming the input.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from processor.dtypes import DT_BOOL, DT_HALF, DT_STRING, WIRE_TYPES, dtype_name, dtype_of_array
+from processor.errors import InvalidArgument
+
+_TYPED_FIELD = {  # dtype -> TensorProto repeated field holding its values
+    1: "float_val", 2: "double_val", 3: "int_val", 4: "int_val", 5: "int_val", 6: "int_val",
+    9: "int64_val", 10: "bool_val", 17: "int_val", 8: "scomplex_val", 18: "dcomplex_val",
+}
+
+
+def to_numpy(name: str, proto) -> np.ndarray:
+    wire = WIRE_TYPES.get(proto.dtype)
+    if wire is None:
+        raise InvalidArgument(f"input {name!r}: dtype {dtype_name(proto.dtype)} is not supported")
+    if proto.tensor_shape.unknown_rank:
+        raise InvalidArgument(f"input {name!r}: the tensor has unknown rank")
+    shape = tuple(d.size for d in proto.tensor_shape.dim)
+    if any(d < 0 for d in shape):
+        raise InvalidArgument(f"input {name!r}: negative dimension in shape {list(shape)}")
+    count = int(np.prod(shape, dtype=np.int64))
+    if proto.dtype == DT_STRING:
+        values = list(proto.string_val)
+        return _fit(name, np.array(values, dtype=object) if values else np.empty(0, object), shape, count)
+    if proto.tensor_content:
+        item = wire.numpy.itemsize
+        if len(proto.tensor_content) != count * item:
+            raise InvalidArgument(f"input {name!r}: tensor_content holds {len(proto.tensor_content)} "
+                                  f"bytes, shape {list(shape)} of {dtype_name(proto.dtype)} needs {count * item}")
+        return np.frombuffer(proto.tensor_content, dtype=wire.numpy).reshape(shape)
+    if proto.dtype == DT_HALF:
+        flat = np.array(proto.half_val, dtype=np.uint16).view(np.float16)
+    elif proto.dtype in _TYPED_FIELD:
+        raw = getattr(proto, _TYPED_FIELD[proto.dtype])
+        if wire.pairs:
+            base = np.float32 if proto.dtype == 8 else np.float64
+            flat = np.array(raw, dtype=base).view(wire.numpy)
+        else:
+            flat = np.array(raw, dtype=np.bool_ if proto.dtype == DT_BOOL else wire.numpy)
+    else:
+        raise InvalidArgument(f"input {name!r}: send {dtype_name(proto.dtype)} in tensor_content")
+    return _fit(name, flat, shape, count)
+
+
+def _fit(name: str, flat: np.ndarray, shape: tuple[int, ...], count: int) -> np.ndarray:
+    if flat.size == count:
+        return flat.reshape(shape)
+    if flat.size == 1:  # TensorFlow broadcasts a single value
+        return np.full(shape, flat[0], dtype=flat.dtype)
+    raise InvalidArgument(f"input {name!r}: shape {list(shape)} holds {count} values but "
+                          f"{flat.size} were given")
+
+
+def from_numpy(array: np.ndarray, proto) -> None:
+    """Fill ``proto`` (a TensorProto) from ``array``."""
+    dt = dtype_of_array(array)
+    proto.dtype = dt
+    for d in array.shape:
+        proto.tensor_shape.dim.add(size=d)
+    if dt == DT_STRING:
+        proto.string_val.extend(v if isinstance(v, bytes) else str(v).encode() for v in array.ravel().tolist())
+    else:
+        proto.tensor_content = np.ascontiguousarray(array).tobytes()

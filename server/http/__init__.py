@@ -1,0 +1,1 @@
+"""HTTP front-end (FastAPI + uvicorn)."""

@@ -1,0 +1,372 @@
+"""The HTTP front-end (FastAPI): thin transport over :class:`~server.runtime.ServingRuntime`.
+
+Endpoints (OpenAPI at ``/docs`` and ``/openapi.json``):
+
+* ``POST /api/predict/{model}``: our wire format, a serialized ``tensorflow.eas.PredictRequest``
+  in, ``PredictResponse`` bytes out (DeepRec / EAS); an empty body returns the signature JSON,
+  as ``process()`` does. ``GET /api/models``, ``GET /api/models/{model}``: model info.
+* TensorFlow Serving REST: ``POST /v1/models/{name}[/versions/{v}|/labels/{l}]:predict``
+  (row and columnar JSON, b64), ``GET /v1/models/{name}[/versions/{v}|/labels/{l}][/metadata]``
+  (status, metadata); case-insensitive paths, as TF Serving's regexes.
+* Probes: ``/healthz`` and ``/v2/health/live`` (liveness), ``/readyz`` and ``/v2/health/ready``
+  (every model loaded and warm, not draining), ``/v2/models/{name}/ready``.
+* Prometheus: ``/metrics`` and ``/monitoring/prometheus/metrics``.
+* Admin (token-protected when one is configured): ``POST /admin/models/{model}/reload``,
+  ``POST /admin/models/{model}/rollback``, ``PUT|DELETE /admin/models/{model}/pin``.
+
+Every error is ``{"error": "<message>"}`` with the HTTP status of ``STATUS_TABLE``; model work
+runs on the model's thread pool, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import hmac
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from processor.errors import InvalidArgument, ProcessorError, StatusCode, Unavailable, as_processor_error
+
+from .. import tfserving
+from ..logs import new_request_id, request_id_var
+from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from ..runtime import ServingRuntime
+from . import tfs_json
+from .body import read_body
+
+log = logging.getLogger("server.http")
+
+PROTOBUF = "application/x-protobuf"
+_PREDICT_PATH = re.compile(
+    r"^/v1/models/([^/:]+)(?:/versions/(\d+)|/labels/([^/:]+))?:(classify|regress|predict)$", re.I)
+_STATUS_PATH = re.compile(
+    r"^/v1/models(?:/([^/:]+))?(?:/versions/(\d+)|/labels/([^/:]+))?(?:/(metadata))?$", re.I)
+_V1_PREFIX = re.compile(r"^/v1/models", re.I)
+
+
+def error_response(exc: BaseException) -> JSONResponse:
+    """The one mapping of an error to HTTP: STATUS_TABLE's status and ``{"error": message}``."""
+    err = as_processor_error(exc)
+    if err.code == StatusCode.INTERNAL and not isinstance(exc, ProcessorError):
+        log.error("internal error", exc_info=exc)
+    return JSONResponse({"error": err.message}, status_code=err.edge.http)
+
+
+class PinBody(BaseModel):
+    version: int = Field(ge=0, description="TF Serving version number (the full checkpoint step)")
+
+
+class RollbackBody(BaseModel):
+    version: int | None = Field(None, ge=0, description="version to serve; omitted: the previous one")
+
+
+def create_http_app(rt: ServingRuntime) -> Any:
+    """The ASGI application (FastAPI wrapped in the request-id / path middleware)."""
+    dep = rt.deployment
+    app = FastAPI(
+        title="serving-processor",
+        version="0.1.0",
+        description=__doc__,
+        docs_url="/docs" if dep.enable_docs else None,
+        redoc_url=None,
+        openapi_url="/openapi.json" if dep.enable_docs else None,
+    )
+    limit = dep.max_request_bytes
+
+    async def serve(model: str, api: str, work: Callable[[], Awaitable[Response]]) -> Response:
+        try:
+            with rt.track(model, "http", api):
+                try:
+                    return await work()
+                except asyncio.CancelledError:  # the drain timeout cut the request off
+                    raise Unavailable("the server shut down before the request finished") from None
+        except Exception as exc:
+            return error_response(exc)
+
+    # --- errors raised outside handlers (routing, validation) --------------------------------
+
+    @app.exception_handler(ProcessorError)
+    async def _processor_error(_: Request, exc: ProcessorError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        return error_response(InvalidArgument(f"bad request: {problems}"))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = exc.detail if exc.status_code != 404 else (
+            f"no such endpoint: {request.method} {request.url.path}")
+        return JSONResponse({"error": str(message)}, status_code=exc.status_code)
+
+    # --- our wire format ---------------------------------------------------------------------
+
+    @app.post("/api/predict/{model}", tags=["processor"], summary="Predict (tensorflow.eas wire format)",
+              openapi_extra={"requestBody": {"content": {PROTOBUF: {"schema": {
+                  "type": "string", "format": "binary"}}}, "description":
+                  "serialized tensorflow.eas.PredictRequest; empty: returns the signature as JSON"}},
+              responses={200: {"content": {PROTOBUF: {}}, "description": "serialized PredictResponse"}})
+    async def eas_predict(model: str, request: Request) -> Response:
+        async def work() -> Response:
+            body = await read_body(request, limit)
+            if not body:
+                sig = await rt.run(model, rt.dataplane.signature, model)
+                return JSONResponse(sig)
+            out = await rt.run(model, rt.dataplane.predict, model, body)
+            return Response(out, media_type=PROTOBUF)
+        return await serve(model, "predict", work)
+
+    @app.get("/api/models", tags=["processor"], summary="Served models and their states")
+    async def list_models() -> dict:
+        return {"models": [{"name": name, "state": m.state, "ready": m.ready,
+                            "version": rt.version_label(name)} for name, m in rt.managers.items()]}
+
+    @app.get("/api/models/{model}", tags=["processor"], summary="Model info")
+    async def model_info(model: str) -> Response:
+        async def work() -> Response:
+            return JSONResponse(model_details(rt, model))
+        return await serve(model, "model_info", work)
+
+    # --- TensorFlow Serving REST -------------------------------------------------------------
+
+    @app.get("/v1/models", tags=["tensorflow-serving"], include_in_schema=False)
+    async def tfs_no_model() -> JSONResponse:
+        return error_response(InvalidArgument("Missing model name in request."))
+
+    @app.post("/v1/models/{path:path}", tags=["tensorflow-serving"],
+              summary="TF Serving predict: /v1/models/{name}[/versions/{v}|/labels/{l}]:predict",
+              openapi_extra={"requestBody": {"content": {"application/json": {
+                  "schema": {"type": "object", "properties": {
+                      "signature_name": {"type": "string"},
+                      "instances": {"description": "row format: a list, one element per example"},
+                      "inputs": {"description": "columnar format: a tensor or {input: tensor}"}}},
+                  "example": {"instances": [{"x": [1.0]}]}}}}})
+    async def tfs_post(path: str, request: Request) -> Response:
+        m = _PREDICT_PATH.match(request.url.path)
+        if m is None:
+            return error_response(InvalidArgument(f"Malformed request: POST {request.url.path}"))
+        name, version, label, method = m.group(1), m.group(2), m.group(3), m.group(4).lower()
+
+        async def work() -> Response:
+            body = await read_body(request, limit)
+            out = await rt.run(name, tfs_predict, rt, name, _int(version), label, method, body)
+            return Response(out, media_type="application/json")
+        return await serve(name, f"tfs_{method}", work)
+
+    @app.get("/v1/models/{path:path}", tags=["tensorflow-serving"],
+             summary="TF Serving status / metadata: /v1/models/{name}[/versions/{v}|/labels/{l}][/metadata]")
+    async def tfs_get(path: str, request: Request) -> Response:
+        m = _STATUS_PATH.match(request.url.path)
+        if m is None or not m.group(1):
+            if m is not None:
+                return error_response(InvalidArgument("Missing model name in request."))
+            return error_response(InvalidArgument(f"Malformed request: GET {request.url.path}"))
+        name, version, label, metadata = m.group(1), _int(m.group(2)), m.group(3), m.group(4)
+
+        async def work() -> Response:
+            if metadata:
+                return JSONResponse(tfs_metadata(rt, name, version, label))
+            return JSONResponse(tfs_status(rt, name, version, label))
+        return await serve(name, "tfs_metadata" if metadata else "tfs_status", work)
+
+    # --- probes and metrics ------------------------------------------------------------------
+
+    @app.get("/healthz", tags=["health"], summary="Liveness")
+    @app.get("/v2/health/live", tags=["health"], summary="Liveness (KServe v2 path)")
+    async def live() -> dict:
+        return {"live": True}
+
+    @app.get("/readyz", tags=["health"], summary="Readiness: every model loaded and warm")
+    @app.get("/v2/health/ready", tags=["health"], summary="Readiness (KServe v2 path)")
+    async def ready() -> JSONResponse:
+        states = rt.states()
+        body: dict[str, Any] = {"ready": rt.ready, "draining": rt.gate.draining, "models": states}
+        if not body["ready"]:
+            waiting = [f"{n}: {s}" for n, s in states.items() if not rt.managers[n].ready]
+            body["error"] = ("server is shutting down" if rt.gate.draining
+                             else f"models not ready: {', '.join(waiting)}")
+            return JSONResponse(body, status_code=503)
+        return JSONResponse(body)
+
+    @app.get("/v2/models/{model}/ready", tags=["health"], summary="One model's readiness")
+    async def model_ready(model: str) -> JSONResponse:
+        try:
+            manager = rt.dataplane.manager(model)
+        except ProcessorError as exc:
+            return error_response(exc)
+        ok = manager.ready and not rt.gate.draining
+        body = {"name": model, "ready": ok, "state": manager.state}
+        if not ok:
+            body["error"] = manager.last_error or f"model {model!r} is {manager.state}"
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    @app.get("/metrics", tags=["metrics"], summary="Prometheus metrics")
+    @app.get("/monitoring/prometheus/metrics", tags=["metrics"], summary="Prometheus metrics (TF Serving path)")
+    async def metrics() -> Response:
+        return Response(rt.metrics.render(), media_type=METRICS_CONTENT_TYPE)
+
+    @app.get("/", include_in_schema=False)
+    async def index() -> dict:
+        return {"service": "serving-processor", "models": list(rt.managers),
+                "docs": "/docs" if dep.enable_docs else None}
+
+    # --- admin -------------------------------------------------------------------------------
+
+    def authorize(request: Request) -> JSONResponse | None:
+        token = rt.admin_token
+        if token is None:
+            return None
+        given = request.headers.get("x-admin-token") or ""
+        auth = request.headers.get("authorization", "")
+        if auth[:7].lower() == "bearer ":
+            given = auth[7:].strip()
+        if not given:
+            return JSONResponse({"error": "admin token required: send 'Authorization: Bearer <token>'"},
+                                status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            return JSONResponse({"error": "admin token rejected"}, status_code=403)
+        return None
+
+    async def admin(request: Request, model: str, action: str, fn: Callable[[], dict]) -> Response:
+        denied = authorize(request)
+        if denied is not None:
+            log.warning("admin %s of %s refused (%s)", action, model, denied.status_code)
+            return denied
+        try:
+            rt.dataplane.manager(model)
+            ctx = contextvars.copy_context()
+            result = await asyncio.get_running_loop().run_in_executor(None, ctx.run, fn)
+        except Exception as exc:
+            return error_response(exc)
+        return JSONResponse(result)
+
+    @app.post("/admin/models/{model}/reload", tags=["admin"],
+              summary="Load the version the model store names now")
+    async def admin_reload(model: str, request: Request) -> Response:
+        return await admin(request, model, "reload", lambda: rt.reload(model))
+
+    @app.post("/admin/models/{model}/rollback", tags=["admin"],
+              summary="Serve a given version, or the previous one")
+    async def admin_rollback(model: str, request: Request, body: RollbackBody | None = None) -> Response:
+        version = body.version if body else None
+        return await admin(request, model, "rollback", lambda: rt.rollback(model, version))
+
+    @app.put("/admin/models/{model}/pin", tags=["admin"], summary="Pin a version (no automatic updates)")
+    async def admin_pin(model: str, body: PinBody, request: Request) -> Response:
+        return await admin(request, model, "pin", lambda: rt.pin(model, body.version))
+
+    @app.delete("/admin/models/{model}/pin", tags=["admin"], summary="Unpin: follow the newest version again")
+    async def admin_unpin(model: str, request: Request) -> Response:
+        return await admin(request, model, "unpin", lambda: rt.unpin(model))
+
+    return RequestContext(app)
+
+
+# --- TF Serving handlers (run on the model's thread pool) -------------------------------------
+
+def _int(text: str | None) -> int | None:
+    return int(text) if text is not None else None
+
+
+def _served(rt: ServingRuntime, name: str):
+    with rt.dataplane.manager(name).acquire() as group:
+        return group.signature, group.version
+
+
+def _labels(rt: ServingRuntime, name: str) -> dict[str, int]:
+    entry = rt.entries.get(name)
+    return entry.version_labels if entry is not None else {}
+
+
+def tfs_predict(rt: ServingRuntime, name: str, version: int | None, label: str | None, method: str,
+                body: bytes) -> bytes:
+    wanted = tfserving.requested_version(name, version, label, _labels(rt, name))
+    signature, served = _served(rt, name)
+    tfserving.check_served(name, served, wanted)
+    if method != "predict":
+        raise InvalidArgument(f"Expected {method} signature method_name to be "
+                              f"tensorflow/serving/{method}. Was: {signature.method}")
+    doc = tfs_json.parse_body(body)
+    requested_sig = doc.get("signature_name", "")
+    if not isinstance(requested_sig, str):
+        raise InvalidArgument("'signature_name' must be a string")
+    tfserving.check_signature_name(requested_sig, signature)
+    arrays, fmt = tfs_json.decode_predict(doc, signature)
+    outputs = rt.dataplane.predict_arrays(name, arrays)
+    return tfs_json.encode_predict(outputs, fmt)
+
+
+def tfs_status(rt: ServingRuntime, name: str, version: int | None, label: str | None) -> dict:
+    manager = rt.dataplane.manager(name)
+    wanted = tfserving.requested_version(name, version, label, _labels(rt, name))
+    statuses = tfserving.model_status(manager, wanted)
+    return {"model_version_status": [s.as_json() for s in statuses]}
+
+
+def tfs_metadata(rt: ServingRuntime, name: str, version: int | None, label: str | None) -> dict:
+    wanted = tfserving.requested_version(name, version, label, _labels(rt, name))
+    signature, served = _served(rt, name)
+    number = tfserving.check_served(name, served, wanted)
+    return {"model_spec": {"name": name, "signature_name": "", "version": str(number)},
+            "metadata": tfserving.signature_def_json(signature)}
+
+
+def model_details(rt: ServingRuntime, name: str) -> dict:
+    """Model info: state, served version, signature, session group, validated config."""
+    manager = rt.dataplane.manager(name)
+    info = manager.info()
+    entry = rt.entries.get(name)
+    if entry is not None:
+        info["config"] = entry.config.redacted()
+        info["accepted_not_active"] = entry.config.not_yet_active()
+        info["accepted_ignored"] = entry.config.foreign_keys(entry.raw_config)
+        info["version_labels"] = entry.version_labels
+        info["inference_threads"] = entry.threads
+    served = manager.served_version()
+    info["tf_serving_version"] = tfserving.version_number(served) if served is not None else None
+    return info
+
+
+class RequestContext:
+    """ASGI middleware: request id (``X-Request-ID`` in and out), case-insensitive ``/v1/models``."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self.app = app
+        self.fastapi = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        if path[:10] != "/v1/models" and _V1_PREFIX.match(path):
+            scope = dict(scope, path="/v1/models" + path[10:])
+        given = None
+        for key, value in scope["headers"]:
+            if key == b"x-request-id":
+                given = value.decode("latin-1")
+                break
+        rid = new_request_id(given)
+        token = request_id_var.set(rid)
+        header = (b"x-request-id", rid.encode())
+
+        async def send_with_id(message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), header]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            request_id_var.reset(token)
+

@@ -1,0 +1,78 @@
+"""Structured logs: one JSON object per line, with the request id of the request being served.
+
+The request id comes from the caller (HTTP ``X-Request-ID`` header, gRPC ``x-request-id``
+metadata) or is generated; it is echoed back and attached to every log record emitted while the
+request is handled (a :mod:`contextvars` variable, so it follows asyncio tasks and is copied into
+the worker thread that runs the model).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import re
+import sys
+import time
+import uuid
+
+request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
+
+_VALID_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+_STD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message", "asctime", "color_message"}  # uvicorn adds color_message for its terminal formatter
+
+
+def new_request_id(given: str | None = None) -> str:
+    """The caller's id if it is sane (printable, short), else a fresh one."""
+    if given and _VALID_ID.match(given):
+        return given
+    return uuid.uuid4().hex[:16]
+
+
+class JsonFormatter(logging.Formatter):
+    """``{"ts", "level", "logger", "msg", "request_id", ...extra fields}`` on one line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        rid = getattr(record, "request_id", None) or request_id_var.get()
+        if rid != "-":
+            out["request_id"] = rid
+        for key, value in record.__dict__.items():
+            if key not in _STD_ATTRS and key not in out and not key.startswith("_"):
+                out[key] = value
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        if not hasattr(record, "request_id"):
+            record.request_id = request_id_var.get()
+        return super().format(record)
+
+
+def configure_logging(fmt: str = "json", level: str = "INFO") -> None:
+    """Route the root logger (and uvicorn's) to stderr in the chosen format."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        lg = logging.getLogger(name)
+        lg.handlers = []
+        lg.propagate = True
+    # uvicorn's own access log is replaced by ours (it has no request id)
+    logging.getLogger("uvicorn.access").disabled = True

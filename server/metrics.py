@@ -1,0 +1,98 @@
+"""Prometheus metrics of one server process (its own registry, so tests can build several).
+
+Served at ``/metrics`` and at TF Serving's ``/monitoring/prometheus/metrics`` on the HTTP port.
+
+Per request (labels ``model``, ``version``, ``protocol``, ``api``): count by status code, errors,
+latency histogram, requests in flight. Per model, read from the managers at scrape time: ready,
+served version, full loads / deltas / failed updates (the watcher's included) and the duration of
+the last update of each kind. Model updates the server triggers (start, admin reload / rollback /
+pin): duration histogram and failure count. Feature store lookups: a latency histogram filled
+through :meth:`ServerMetrics.observe_feature_store`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+UNKNOWN_MODEL = "_unknown"  # label for requests naming no served model (bounded cardinality)
+_LATENCY_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10)
+_UPDATE_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+class _ModelStateCollector(Collector):
+    def __init__(self, managers: Callable[[], Mapping[str, Any]]) -> None:
+        self._managers = managers
+
+    def collect(self):
+        ready = GaugeMetricFamily("sp_model_ready", "1 when the model serves a version", labels=["model"])
+        version = GaugeMetricFamily("sp_model_served_version",
+                                    "full checkpoint step served (-1: the SavedModel's variables)",
+                                    labels=["model", "version"])
+        full = CounterMetricFamily("sp_model_full_loads", "full versions loaded", labels=["model"])
+        deltas = CounterMetricFamily("sp_model_delta_updates", "deltas applied in place", labels=["model"])
+        failed = CounterMetricFamily("sp_model_failed_updates", "loads and deltas that failed",
+                                     labels=["model"])
+        last = GaugeMetricFamily("sp_model_last_update_seconds", "duration of the last update",
+                                 labels=["model", "kind"])
+        for name, manager in self._managers().items():
+            ready.add_metric([name], 1.0 if manager.ready else 0.0)
+            served = manager.served_version()
+            if served is not None:
+                version.add_metric([name, served.label], float(served.full_step))
+            stats = getattr(manager, "stats", None) or {}
+            for family, key in ((full, "full_loads"), (deltas, "delta_updates"), (failed, "failed_updates")):
+                if stats.get(key) is not None:
+                    family.add_metric([name], float(stats[key]))
+            for kind, key in (("full", "last_full_load_seconds"), ("delta", "last_delta_seconds")):
+                if stats.get(key) is not None:
+                    last.add_metric([name, kind], float(stats[key]))
+        yield from (ready, version, full, deltas, failed, last)
+
+
+class ServerMetrics:
+    """See the module doc. Thread-safe (prometheus_client metrics are)."""
+
+    def __init__(self, managers: Callable[[], Mapping[str, Any]]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("sp_requests", "requests by final status code",
+                                ["model", "version", "protocol", "api", "code"], registry=r)
+        self.errors = Counter("sp_request_errors", "failed requests",
+                              ["model", "protocol", "api", "code"], registry=r)
+        self.latency = Histogram("sp_request_latency_seconds", "request latency in the server",
+                                 ["model", "version", "protocol", "api"], buckets=_LATENCY_BUCKETS,
+                                 registry=r)
+        self.in_flight = Gauge("sp_requests_in_flight", "requests being served", ["protocol"], registry=r)
+        self.update_seconds = Histogram("sp_model_update_duration_seconds",
+                                        "model loads the server ran (start, reload, rollback, pin)",
+                                        ["model", "kind"], buckets=_UPDATE_BUCKETS, registry=r)
+        self.update_failures = Counter("sp_model_update_failures", "model loads that failed",
+                                       ["model", "kind"], registry=r)
+        self.feature_store_latency = Histogram("sp_feature_store_latency_seconds",
+                                               "feature store lookups", ["model", "store", "op"],
+                                               buckets=_LATENCY_BUCKETS, registry=r)
+        r.register(_ModelStateCollector(managers))
+
+    def observe_request(self, model: str, version: str, protocol: str, api: str, code: str,
+                        seconds: float) -> None:
+        self.requests.labels(model, version, protocol, api, code).inc()
+        self.latency.labels(model, version, protocol, api).observe(seconds)
+        if code != "OK":
+            self.errors.labels(model, protocol, api, code).inc()
+
+    def observe_update(self, model: str, kind: str, seconds: float, ok: bool) -> None:
+        self.update_seconds.labels(model, kind).observe(seconds)
+        if not ok:
+            self.update_failures.labels(model, kind).inc()
+
+    def observe_feature_store(self, model: str, store: str, op: str, seconds: float) -> None:
+        self.feature_store_latency.labels(model, store, op).observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
