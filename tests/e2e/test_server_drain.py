@@ -1,0 +1,159 @@
+"""SIGTERM under load: in-flight requests complete, new ones are refused, the process exits in time.
+
+Slow requests are real ones: the toy model with a few million rows (decode, run and encode take
+most of a second each), sent concurrently over our HTTP endpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import grpc
+import numpy as np
+import pytest
+
+from conftest import model_config
+from processor import codec
+
+ROWS = 4_000_000
+
+
+def deployment(toy_model, drain_timeout: float) -> dict:
+    return {"models": [{"name": "toy", "model_config": model_config(toy_model), "inference_threads": 2}],
+            "max_request_bytes": 64 << 20, "drain_timeout_seconds": drain_timeout, "access_log": False}
+
+
+def post(url: str, body: bytes, timeout: float = 60) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=body), timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def in_flight(server) -> float:
+    with urllib.request.urlopen(server.http + "/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    m = re.search(r'^sp_requests_in_flight\{protocol="http"\} (\S+)$', text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def start_slow_requests(server, count: int) -> tuple[list, list[threading.Thread]]:
+    body = codec.encode_request({"x": np.ones((ROWS, 1), np.float32)})
+    results: list = []
+
+    def send() -> None:
+        try:
+            results.append(post(server.http + "/api/predict/toy", body))
+        except Exception as exc:  # recorded, asserted below
+            results.append(exc)
+
+    threads = [threading.Thread(target=send) for _ in range(count)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while in_flight(server) < 1:
+        assert time.monotonic() < deadline, "the slow requests never reached the server"
+        time.sleep(0.01)
+    return results, threads
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_drains_in_flight_refuses_new_and_exits(toy_model, tmp_path):
+    from server.launcher import ServerProcess
+
+    drain_timeout = 20.0
+    server = ServerProcess(deployment(toy_model, drain_timeout), tmp_path).start(timeout=120)
+    channel = grpc.insecure_channel(server.grpc_target)
+    try:
+        small = codec.encode_request({"x": np.array([[1.0]], np.float32)})
+        assert post(server.http + "/api/predict/toy", small)[0] == 200
+        results, threads = start_slow_requests(server, 4)
+
+        sent = time.monotonic()
+        server.terminate()
+        time.sleep(0.2)  # let the signal land
+        # new requests are refused while the in-flight ones finish
+        status, body = post(server.http + "/api/predict/toy", small)
+        assert status == 503 and "shutting down" in json.loads(body)["error"]
+        with urllib.request.urlopen(server.http + "/healthz", timeout=5) as resp:
+            assert resp.status == 200  # alive while draining
+        try:
+            urllib.request.urlopen(server.http + "/readyz", timeout=5)
+            raise AssertionError("ready while draining")
+        except urllib.error.HTTPError as err:
+            assert err.code == 503 and json.loads(err.read())["draining"] is True
+        from processor.proto import predict_pb2, processor_service_pb2_grpc
+
+        with pytest.raises(grpc.RpcError) as info:
+            processor_service_pb2_grpc.ProcessorServiceStub(channel).Predict(
+                predict_pb2.PredictRequest.FromString(small), timeout=5)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+        for t in threads:
+            t.join(60)
+        rc = server.proc.wait(drain_timeout + 10)
+        elapsed = time.monotonic() - sent
+    finally:
+        channel.close()
+        server.kill()
+
+    assert len(results) == 4
+    for result in results:  # every in-flight request completed, with the right values
+        assert not isinstance(result, Exception), result
+        status, body = result
+        assert status == 200, body[:200]
+        y = codec.decode_response(body)["y"]
+        assert y.shape == (ROWS, 1) and y[0, 0] == 2.5 and y[-1, 0] == 2.5
+    assert rc == 0, server.log()
+    assert elapsed < drain_timeout, elapsed
+    log = server.log()
+    assert "SIGTERM received: draining" in log and "drained" in log
+
+
+@pytest.mark.timeout(120)
+def test_drain_timeout_cuts_off_and_exits_in_time(toy_model, tmp_path):
+    from server.launcher import ServerProcess
+
+    drain_timeout = 0.3
+    server = ServerProcess(deployment(toy_model, drain_timeout), tmp_path).start(timeout=120)
+    try:
+        _, threads = start_slow_requests(server, 3)
+        sent = time.monotonic()
+        server.terminate()
+        rc = server.proc.wait(30)
+        elapsed = time.monotonic() - sent
+        for t in threads:
+            t.join(60)
+    finally:
+        server.kill()
+    assert rc == 1, server.log()  # requests were cut off
+    assert elapsed < drain_timeout + 5, elapsed  # the timeout plus the process teardown
+    assert "drain timeout" in server.log()
+
+
+def test_port_in_use_exits_2_with_a_clear_message(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    from server.launcher import REPO_ROOT
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        config = tmp_path / "d.json"
+        config.write_text(json.dumps({"models": [{"name": "m", "model_config": {"savedmodel_dir": str(tmp_path)}}],
+                                      "host": "127.0.0.1", "http_port": port, "grpc_port": 0}))
+        started = time.monotonic()
+        out = subprocess.run([sys.executable, "-m", "server", "--config", str(config)], cwd=REPO_ROOT,
+                             capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert f"cannot bind the HTTP port 127.0.0.1:{port}" in out.stderr
+    assert time.monotonic() - started < 30
