@@ -28,6 +28,7 @@ from . import gpu, pinning, placement
 from .tf_variables import VariableUpdater
 
 SERVE_TAGS = ["serve"]
+_TRACE_LOCK = threading.Lock()  # FULL_TRACE runs: one profiling session per process
 UPDATE_POOL_NAME = "processor_model_update"
 
 
@@ -143,7 +144,12 @@ class TensorFlowBackend:
             raise Internal(f"{type(exc).__name__}: {exc.message}") from None
 
     def run_traced(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]):
-        """``run`` with ``FULL_TRACE``: (outputs, EngineTrace holding the serialized StepStats)."""
+        """``run`` with ``FULL_TRACE``: (outputs, EngineTrace holding the serialized StepStats).
+
+        TensorFlow allows one profiling session per process ("Another profiling session
+        active"), so traced runs of all models take turns; if something else in the process
+        profiles, NotImplementedError sends the request down the untraced path.
+        """
         from ..tracing.events import EngineTrace
 
         fn = self._callables.get(fetches) or self._make_callable(fetches)
@@ -153,7 +159,10 @@ class TensorFlowBackend:
         options.trace_level = tf.compat.v1.RunOptions.FULL_TRACE
         metadata = tf.compat.v1.RunMetadata()
         try:
-            outputs = fn(*[feeds[a] for a in self._feed_aliases], options=options, run_metadata=metadata)
+            with _TRACE_LOCK:
+                outputs = fn(*[feeds[a] for a in self._feed_aliases], options=options, run_metadata=metadata)
+        except tf.errors.AlreadyExistsError:
+            raise NotImplementedError("another TensorFlow profiling session is active") from None
         except tf.errors.InvalidArgumentError as exc:
             raise InvalidArgument(f"the model rejected the input: {exc.message}") from None
         except tf.errors.OpError as exc:

@@ -187,14 +187,14 @@ def test_concurrent_requests_remote_store(ctr_model_small, make_processor):
             k = (i + n) % len(requests)
             status, body = p.process(requests[k])
             if status != 200 or body != expected[k]:
-                errors.append(f"thread {i} call {n}: {status}")
+                errors.append(f"thread {i} call {n}: {status} {body[:200]!r}")
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert not errors
+    assert not errors, errors[:3]
     assert p.tracer.flush(30)
     fs = fsspec.filesystem("memory")
     names = sorted(x.rsplit("/", 1)[1] for x in fs.ls("/timeline-it/run1", detail=False))

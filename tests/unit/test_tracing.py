@@ -208,3 +208,23 @@ def test_closed_tracer_drops(tmp_path):
     tracer.submit(rec)
     assert tracer.stats["dropped"] == 1
     assert list(tmp_path.iterdir()) == []
+
+
+def test_session_group_runs_untraced_when_the_engine_cannot_trace():
+    from processor.engine.session_group import SessionGroup
+
+    class Engine:
+        lanes = 2
+        signature = None
+
+        def run(self, lane, feeds, fetches):
+            return [f"lane {lane}"]
+
+        def run_traced(self, lane, feeds, fetches):
+            raise NotImplementedError("no per-call profiling")
+
+    group = SessionGroup(Engine(), "RR", None, 0.0)
+    lane, outputs, trace = group.run_traced({}, ("y",))
+    assert outputs == [f"lane {lane}"] and trace is None
+    del Engine.run_traced  # a backend without the method at all
+    assert group.run_traced({}, ("y",))[2] is None
