@@ -37,14 +37,6 @@ FOREIGN_KEYS: frozenset[str] = frozenset({
 # Keys a later part of the processor implements: validated now, reported as "accepted, not yet
 # active" in model info when present with a non-default value. Shrinks as features land.
 NOT_YET_ACTIVE: dict[str, str] = {
-    "lock_timeout": "Redis feature store",
-    "read_thread_num": "Redis feature store",
-    "update_thread_num": "Redis feature store",
-    "redis_url": "Redis feature store",
-    "redis_password": "Redis feature store",
-    "ev_storage_type": "embedding storage tiers",
-    "ev_storage_path": "embedding storage tiers",
-    "ev_storage_size": "embedding storage tiers",
     "shard_embedding": "embedding sharding",
 }
 
@@ -201,6 +193,13 @@ class ModelConfig(BaseModel):
                 f"{total_sessions} session(s); give one group per session")
         if self.feature_store_type in ("redis", "cluster_redis") and not self.redis_url:
             raise ValueError(f"redis_url: required when feature_store_type is {self.feature_store_type!r}")
+        if self.feature_store_type in ("redis", "cluster_redis"):
+            from .features.redis_url import parse_redis_url
+
+            try:
+                parse_redis_url(self.redis_url, cluster=self.feature_store_type == "cluster_redis")
+            except ValueError as exc:
+                raise ValueError(f"redis_url: {exc}") from None
         if self.model_store_type != "local":
             for key in ("savedmodel_dir", "checkpoint_dir"):
                 path = getattr(self, key)

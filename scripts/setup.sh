@@ -10,6 +10,12 @@ cd "$(dirname "$0")/.."
 py=${SP_PYTHON:-$(command -v python3.11 || command -v python3)}
 extras=${SP_EXTRAS:-cpu,server,dev}
 
+# redis-server + redis-cli: the Redis feature store's tests and benchmarks start their own.
+if ! command -v redis-server >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "[setup] installing redis-server"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+fi
+
 if [ ! -x .venv/bin/python ]; then
   echo "[setup] creating .venv with $py"
   "$py" -m venv .venv

@@ -91,8 +91,11 @@ class SessionGroup:
         self.backend.close()
 
 
-def open_session_group(config: ModelConfig, version: ModelVersion) -> SessionGroup:
+def open_session_group(config: ModelConfig, version: ModelVersion, features=None) -> SessionGroup:
     """Load ``version`` into a new SessionGroup with the engine the config names.
+
+    ``features``: the model's :class:`~processor.features.FeatureStore` when its embeddings are
+    served from one (TensorFlow only); the group opens ``version``'s tables in it.
 
     The engine is ``config.backend``, or with ``auto`` ONNX Runtime when ``savedmodel_dir`` holds a
     ``.onnx`` model and TensorFlow otherwise. Raises ProcessorError (ConfigError for settings this
@@ -108,6 +111,10 @@ def open_session_group(config: ModelConfig, version: ModelVersion) -> SessionGro
     if engine == "onnxruntime":
         from .onnxruntime_backend import OnnxRuntimeBackend
 
+        if features is not None:
+            raise ConfigError("feature_store_type / ev_storage_type: embeddings served from a feature "
+                              "store need the TensorFlow backend")
+
         try:
             import onnxruntime  # noqa: F401
         except ImportError as exc:
@@ -118,5 +125,5 @@ def open_session_group(config: ModelConfig, version: ModelVersion) -> SessionGro
         from .tensorflow_backend import TensorFlowBackend
 
         plan = gpu.plan_for(config, engine)
-        backend = TensorFlowBackend(config, version, lanes=len(plan.lanes), devices=plan)
+        backend = TensorFlowBackend(config, version, lanes=len(plan.lanes), devices=plan, features=features)
     return SessionGroup(backend, config.select_session_policy, version, time.monotonic() - started)

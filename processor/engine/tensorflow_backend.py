@@ -21,10 +21,11 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import Internal, InvalidArgument, NotFound, ProcessorError
-from ..checkpoint.delta import Delta, VariableInfo
+from ..checkpoint.delta import Delta, VariableInfo, read_delta
+from ..features.ev_checkpoint import StoreDelta, TableSource, read_store_delta
 from ..signature import Signature, TensorSpec
 from ..store.checkpoint_layout import ModelVersion
-from . import gpu, pinning, placement
+from . import embedding_lookup, gpu, pinning, placement
 from .tf_variables import VariableUpdater
 
 SERVE_TAGS = ["serve"]
@@ -53,7 +54,7 @@ class TensorFlowBackend:
     """A SavedModel graph in one Session with ``lanes`` inter-op pools. See the module doc."""
 
     def __init__(self, config: ModelConfig, version: ModelVersion, lanes: int,
-                 devices: gpu.DevicePlan | None = None) -> None:
+                 devices: gpu.DevicePlan | None = None, features=None) -> None:
         tf = _tf()
         from tensorflow.python.saved_model import loader_impl
 
@@ -109,6 +110,7 @@ class TensorFlowBackend:
         self._graph = tf.Graph()
         with pinning.creation_lock, pinning.new_threads() as created:
             self._session = tf.compat.v1.Session(graph=self._graph, config=session_config)
+        self._embedding: embedding_lookup.EmbeddingService | None = None
         try:
             with self._graph.as_default():
                 loader.load_graph(self._graph, SERVE_TAGS)
@@ -116,10 +118,21 @@ class TensorFlowBackend:
                 if not saver_def.restore_op_name:
                     raise Internal("the SavedModel has no saver_def; cannot restore its parameters")
                 prefix = version.full_prefix or os.path.join(version.savedmodel_dir, "variables", "variables")
-                self._session.run(saver_def.restore_op_name, {saver_def.filename_tensor_name: prefix},
-                                  options=self._update_options)
-                loader.run_init_ops(self._session, SERVE_TAGS)
+                # Embedding lookups served from a FeatureStore: their tables are never restored here.
+                self._embedding, self._embedding_report = embedding_lookup.attach(
+                    self._graph, self._session, meta_graph, [s.name for s in self.signature.outputs.values()],
+                    prefix, version, features)
+                if self._embedding is None:
+                    self._session.run(saver_def.restore_op_name, {saver_def.filename_tensor_name: prefix},
+                                      options=self._update_options)
+                    loader.run_init_ops(self._session, SERVE_TAGS)
             self._updater = VariableUpdater(self._graph, self._session, self._update_options)
+            if self._embedding is not None:
+                tables = {lk.table for lk in self._embedding.lookups}
+                dense = [n for n in self._updater.variables if n not in tables]
+                self._updater.apply(Delta(-1, dense=embedding_lookup.dense_values(prefix, dense)))
+                with self._graph.as_default():
+                    loader.run_init_ops(self._session, SERVE_TAGS)
         except ProcessorError:
             self.close()
             raise
@@ -174,7 +187,10 @@ class TensorFlowBackend:
             fn = self._callables.get(fetches)
             if fn is None:
                 tensors = [self._graph.get_tensor_by_name(self.signature.outputs[a].name) for a in fetches]
-                fn = self._session.make_callable(tensors, self._feed_tensors, accept_options=True)
+                if self._embedding is not None:
+                    fn = self._embedding.make_callable(tensors, self._feed_tensors)
+                else:
+                    fn = self._session.make_callable(tensors, self._feed_tensors, accept_options=True)
                 self._callables[fetches] = fn
         return fn
 
@@ -186,8 +202,34 @@ class TensorFlowBackend:
         return self._updater.variables
 
     def apply_delta(self, delta: Delta) -> None:
-        """Write a checked delta into the live weights, in one run on the update pool."""
+        """Write a checked delta into the live weights, in one run on the update pool.
+
+        Rows of store-served tables go to the FeatureStore (rows held in this process; shared
+        stores got them in :meth:`stage_delta`), dense values to the session.
+        """
+        if isinstance(delta, StoreDelta) and self._embedding is not None:
+            self._embedding.tables.apply_delta(delta.chunks, delta.step)
+            if delta.dense:
+                self._updater.apply(Delta(delta.step, dense=delta.dense))
+            return
         self._updater.apply(delta)
+
+    def read_delta(self, prefix: str, step: int) -> Delta:
+        """Read and check a delta against this model (store-served tables take their own keys)."""
+        if self._embedding is None:
+            return read_delta(prefix, step, self.variables)
+        tables = {lk.table: lk.dim for lk in self._embedding.lookups}
+        dense = {n: v for n, v in self.variables.items() if n not in tables}
+        delta = read_store_delta(prefix, step, tables, dense)
+        delta.prefix = prefix
+        return delta
+
+    def stage_delta(self, delta: Delta) -> None:
+        """Before :meth:`apply_delta`, off the request path: write rows shared stores hold."""
+        if isinstance(delta, StoreDelta) and self._embedding is not None:
+            source = TableSource(self._embedding.tables.source.full_prefix, delta.prefix, delta.step) \
+                if hasattr(self._embedding.tables, "source") else None
+            self._embedding.tables.stage_delta(delta.chunks, delta.step, source)
 
     # --- facts ------------------------------------------------------------------------------
 
@@ -235,9 +277,13 @@ class TensorFlowBackend:
                 "one graph: its dense part runs on the first lane's device; lanes on other (virtual) "
                 "GPUs need per-lane graph replicas, not built yet")} if self._devices.on_gpu else {})},
             "device_placement": self._placement,
+            "embedding": self._embedding.describe() if self._embedding is not None else self._embedding_report,
         }
 
     def close(self) -> None:
+        embedding, self._embedding = getattr(self, "_embedding", None), None
+        if embedding is not None:
+            embedding.close()
         session, self._session = getattr(self, "_session", None), None
         if session is not None:
             session.close()

@@ -33,6 +33,7 @@ from typing import Any
 from ..checkpoint.delta import read_delta
 from ..config import ModelConfig
 from ..engine.session_group import SessionGroup, open_session_group
+from ..features import open_feature_store
 from ..errors import NotFound, ProcessorError, Unavailable, as_processor_error
 from ..store.checkpoint_layout import ModelVersion, latest_version
 from ..store.model_store import ModelStore
@@ -52,6 +53,20 @@ class _Failure:
     attempts: int
     retry_at: float
     error: str
+
+
+def _read_delta(group: SessionGroup, prefix: str, step: int):
+    """Read a delta the way the group's engine wants it (store-served tables take their own keys)."""
+    reader = getattr(group.backend, "read_delta", None)
+    if reader is not None:
+        return reader(prefix, step)
+    return read_delta(prefix, step, group.backend.variables)
+
+
+def _stage_delta(group: SessionGroup, delta) -> None:
+    stage = getattr(group.backend, "stage_delta", None)
+    if stage is not None:
+        stage(delta)
 
 
 def needs_full_load(served: ModelVersion, target: ModelVersion) -> bool:
@@ -81,6 +96,8 @@ class ModelManager:
         self.stats = {"full_loads": 0, "delta_updates": 0, "failed_updates": 0,
                       "last_full_load_seconds": None, "last_delta_seconds": None,
                       "last_delta_hold_seconds": None}
+        # Embedding tables outside TensorFlow (feature_store_type / ev_storage_type); None: in TF.
+        self.features = open_feature_store(config, name)
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -149,14 +166,15 @@ class ModelManager:
         started = time.monotonic()
         local = self.store.materialize(version)
         try:
-            group = open_session_group(self.config, local)
+            group = open_session_group(self.config, local, features=self.features)
         except Exception as exc:
             raise as_processor_error(exc) from None
         group.version = version  # loaded from the local copy; serves (and reports) the store's version
         try:
             if version.delta_prefix:
-                group.apply_delta(read_delta(local.delta_prefix, version.delta_step,
-                                             group.backend.variables), version)
+                delta = _read_delta(group, local.delta_prefix, version.delta_step)
+                _stage_delta(group, delta)
+                group.apply_delta(delta, version)
             if self._current is None:
                 self.state = "warming"
             self.last_warmup = warm_up(group, plan_warmup(group.signature, version.savedmodel_dir,
@@ -174,7 +192,8 @@ class ModelManager:
         started = time.monotonic()
         handle = self._current
         local = self.store.materialize(version)
-        delta = read_delta(local.delta_prefix, version.delta_step, handle.group.backend.variables)
+        delta = _read_delta(handle.group, local.delta_prefix, version.delta_step)
+        _stage_delta(handle.group, delta)  # rows a shared store holds: written before the gate
         hold = handle.group.apply_delta(delta, version)
         self.stats["last_delta_hold_seconds"] = round(hold, 6)
         self._served(version, "delta_updates", "last_delta_seconds", time.monotonic() - started)
@@ -249,6 +268,8 @@ class ModelManager:
             self.state = "closed"
         if old is not None:
             old.retire()
+        if self.features is not None:
+            self.features.close()
 
     # --- request path -----------------------------------------------------------------------
 
@@ -293,6 +314,7 @@ class ModelManager:
                                 for v, f in self._failures.items()],
             "updates": dict(self.stats),
             "warmup": self.last_warmup,
+            "feature_store": self.features.describe() if self.features is not None else None,
             "watcher": None if self._watcher is None else {
                 "interval_seconds": self._watcher.interval, "polls": self._watcher.polls,
                 "errors": self._watcher.errors, "last_poll": self._watcher.last_poll},

@@ -128,9 +128,10 @@ def test_foreign_deeprec_keys_are_accepted_and_reported():
 
 
 def test_later_features_are_reported_not_active():
-    inactive = cfg(ev_storage_type=12, ev_storage_path="/ssd", session_num=2).not_yet_active()
-    assert inactive == {"ev_storage_type": "embedding storage tiers",
-                        "ev_storage_path": "embedding storage tiers"}
+    inactive = cfg(shard_embedding=True, embedding_names="C1", shard_instance_count=2, id_type="int64",
+                   session_num=2).not_yet_active()
+    assert inactive == {"shard_embedding": "embedding sharding"}
+    assert cfg(ev_storage_type=12, ev_storage_path="/ssd").not_yet_active() == {}
 
 
 def test_local_and_memory_feature_store():

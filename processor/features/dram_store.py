@@ -1,0 +1,186 @@
+"""In-process DRAM store (``ev_storage_type`` 1, and EmbeddingVariable checkpoints by default).
+
+:class:`DramTable` holds one table: a :class:`~.hash_index.HashIndex` (key -> row), a float32
+values array ``[rows, dim]`` and, when the checkpoint has them, uint32 freq / version arrays
+(saturating). Memory per key: ``4 * dim`` bytes of values, 8 + 4 / load (<= 16) bytes of
+index, plus 8 bytes of metadata when kept. No Python object per row.
+
+Thread safety: any number of concurrent :meth:`DramTable.lookup`; :meth:`DramTable.upsert`
+only while no lookup runs (deltas are applied behind the SessionGroup's update gate).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .feature_store import LookupStats, RowChunk, TableSpec
+from .hash_index import HashIndex
+from .progress import LoadProgress
+
+log = logging.getLogger("processor.features")
+
+_U32_MAX = np.iinfo(np.uint32).max
+
+
+def _as_u32(values: np.ndarray) -> np.ndarray:
+    return np.clip(np.asarray(values, np.int64), 0, _U32_MAX).astype(np.uint32)
+
+
+class DramTable:
+    """See the module doc. ``capacity`` pre-sizes for that many rows (bulk loads know it)."""
+
+    def __init__(self, spec: TableSpec, capacity: int = 0) -> None:
+        self.spec = spec
+        self.index = HashIndex(capacity)
+        self.values = np.empty((capacity, spec.dim), np.float32)
+        self.freqs: np.ndarray | None = None
+        self.versions: np.ndarray | None = None
+        self.default = spec.default_vector()
+        self.stats = LookupStats()
+
+    @property
+    def size(self) -> int:
+        return self.index.size
+
+    def lookup(self, keys: np.ndarray) -> np.ndarray:
+        """float32 ``[len(keys), dim]``: each key's row, the default vector where absent."""
+        rows = self.index.find(keys)
+        miss = rows < 0
+        if self.size == 0:
+            out = np.broadcast_to(self.default, (len(rows), self.spec.dim)).copy()
+        else:
+            out = self.values[np.where(miss, 0, rows)]
+            misses = int(np.count_nonzero(miss))
+            if misses:
+                out[miss] = self.default
+        self.stats.lookups += 1
+        self.stats.ids += len(rows)
+        self.stats.default_served += int(np.count_nonzero(miss))
+        return out
+
+    def upsert(self, chunk: RowChunk) -> int:
+        """Write rows (new keys are added); returns the number of new keys."""
+        if len(chunk) == 0:
+            return 0
+        values = np.asarray(chunk.values, np.float32)
+        if values.shape != (len(chunk.keys), self.spec.dim):
+            raise ValueError(f"table {self.spec.name!r}: rows of shape {list(values.shape)}, "
+                             f"expected [{len(chunk.keys)}, {self.spec.dim}]")
+        rows, new = self.index.upsert(chunk.keys)
+        self._ensure_rows(self.index.size)
+        self.values[rows] = values
+        self._write_meta(rows, chunk)
+        return new
+
+    def _ensure_rows(self, n: int) -> None:
+        if n <= len(self.values):
+            return
+        cap = max(n, int(len(self.values) * 1.5) + 16)
+        grown = np.empty((cap, self.spec.dim), np.float32)
+        grown[: len(self.values)] = self.values
+        self.values = grown
+        for name in ("freqs", "versions"):
+            arr = getattr(self, name)
+            if arr is not None:
+                bigger = np.zeros(cap, np.uint32)
+                bigger[: len(arr)] = arr
+                setattr(self, name, bigger)
+
+    def _write_meta(self, rows: np.ndarray, chunk: RowChunk) -> None:
+        for name, given in (("freqs", chunk.freqs), ("versions", chunk.versions)):
+            if given is None:
+                continue
+            arr = getattr(self, name)
+            if arr is None:
+                arr = np.zeros(len(self.values), np.uint32)
+                setattr(self, name, arr)
+            arr[rows] = _as_u32(given)
+
+    def metadata(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(freqs, versions) of ``keys`` as int64; -1 where unknown."""
+        rows = self.index.find(keys)
+        out = []
+        for arr in (self.freqs, self.versions):
+            got = np.full(len(rows), -1, np.int64)
+            if arr is not None:
+                ok = rows >= 0
+                got[ok] = arr[rows[ok]]
+            out.append(got)
+        return out[0], out[1]
+
+    def nbytes(self) -> dict[str, int]:
+        meta = sum(a.nbytes for a in (self.freqs, self.versions) if a is not None)
+        return {"values": int(self.values.nbytes), "index": self.index.nbytes, "metadata": int(meta)}
+
+
+class LocalVersionTables:
+    """A version's tables held in this process (DRAM or DRAM+SSD tables). See feature_store."""
+
+    def __init__(self, kind: str, version: str, specs: dict[str, TableSpec], tables: dict[str, Any]) -> None:
+        self.kind = kind
+        self.version = version
+        self.specs = specs
+        self.tables = tables
+        self.progress: LoadProgress | None = None
+        self.filtered: dict[str, int] = {}
+
+    def load(self, source, chunk_rows: int = 65536) -> None:
+        self.progress = LoadProgress(f"{self.kind} store, version {self.version}", source.row_count(self.specs))
+        for name, chunk in source.rows(self.specs, chunk_rows):
+            self.tables[name].upsert(chunk)
+            self.progress.add(len(chunk))
+        self.progress.finish()
+
+    def lookup(self, requests: Sequence[tuple[str, np.ndarray]]) -> list[np.ndarray]:
+        return [self.tables[name].lookup(keys) for name, keys in requests]
+
+    def stage_delta(self, rows: dict[str, RowChunk], step: int, source=None) -> None:
+        return None  # rows live in this process: written by apply_delta, behind the update gate
+
+    def apply_delta(self, rows: dict[str, RowChunk], step: int) -> None:
+        for name, chunk in rows.items():
+            self.tables[name].upsert(chunk)
+
+    def describe(self) -> dict[str, Any]:
+        tables = {}
+        for name, table in self.tables.items():
+            tables[name] = {"rows": table.size, "dim": table.spec.dim, "keyed_by": table.spec.keyed_by,
+                            "bytes": table.nbytes(), **table.stats.as_dict()}
+            if self.filtered.get(name):
+                tables[name]["filtered_ids"] = self.filtered[name]
+        return {"store": self.kind, "version": self.version, "tables": tables,
+                "load": self.progress.describe() if self.progress else None}
+
+    def release(self) -> None:
+        for table in self.tables.values():
+            close = getattr(table, "close", None)
+            if close is not None:
+                close()
+        self.tables = {}
+
+
+class DramStore:
+    """Tables in this process's memory; each version has its own copy (load beside, swap)."""
+
+    kind = "dram"
+
+    def open_version(self, version: str, specs: dict[str, TableSpec], source) -> LocalVersionTables:
+        sizes = _row_counts(source, specs)
+        tables = {name: DramTable(spec, sizes.get(name, 0)) for name, spec in specs.items()}
+        vt = LocalVersionTables(self.kind, version, specs, tables)
+        vt.load(source)
+        return vt
+
+    def describe(self) -> dict[str, Any]:
+        return {"type": self.kind}
+
+    def close(self) -> None:
+        return None
+
+
+def _row_counts(source, specs: dict[str, TableSpec]) -> dict[str, int]:
+    return {name: spec.rows for name, spec in specs.items()}

@@ -1,0 +1,163 @@
+"""FeatureStore: embedding rows by int64 key, for one model, across its versions.
+
+Terms:
+
+* a **table** is an embedding table: float32 rows of width ``dim`` keyed by int64 ids, with
+  EmbeddingVariable semantics: it is not fixed-size (an upsert of an unseen id adds a row), an
+  id the store does not hold is served the table's **default vector** (zeros unless a row is
+  given), and rows carry the ``freq`` / ``version`` metadata of the checkpoint when it has them;
+* a **version** is one full checkpoint's tables (plus the deltas applied on top). A new full
+  version is loaded *beside* the served one (:meth:`FeatureStore.open_version`) and served by
+  the new SessionGroup; the old one is released when its group is freed.
+
+Store types (``feature_store_type`` / ``ev_storage_type``): :class:`~.dram_store.DramStore`
+(in-process DRAM), :class:`~.tiered_store.TieredStore` (DRAM cache over an SSD file),
+:class:`~.redis_store.RedisStore` (one Redis or a Redis Cluster shared by many processes).
+
+Contract of :class:`VersionTables` (what the engine calls):
+
+* ``lookup`` is the hot path: many (table, keys) requests in one call, answered with one
+  ``[len(keys), dim]`` float32 array each; thread-safe; raises
+  :class:`~processor.errors.Unavailable` (503) when a remote store cannot answer;
+* ``stage_delta`` writes a delta's rows where every process sees them (shared stores), off the
+  request path; ``apply_delta`` writes rows that live in this process, while no lookup runs (the
+  SessionGroup's update gate guarantees it);
+* ``release`` frees what this process holds for the version (called once, after the last lookup).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from ..config import ModelConfig
+    from .ev_checkpoint import TableSource
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One embedding table as the model sees it.
+
+    ``keyed_by``: ``"row"`` when keys are the gather's row indices (a plain 2-D variable in the
+    checkpoint), ``"raw"`` when keys are raw feature ids (an EmbeddingVariable export).
+    ``rows`` is the checkpoint's row count (a sizing hint; the table may grow).
+    """
+
+    name: str
+    dim: int
+    keyed_by: str = "row"
+    rows: int = 0
+    default: tuple[float, ...] | None = None
+
+    def default_vector(self) -> np.ndarray:
+        if self.default is None:
+            return np.zeros(self.dim, np.float32)
+        vec = np.asarray(self.default, np.float32)
+        if vec.shape != (self.dim,):
+            raise ValueError(f"table {self.name!r}: default vector has {vec.size} values, dim is {self.dim}")
+        return vec
+
+
+@dataclass
+class RowChunk:
+    """Rows of one table: keys int64 [n], values float32 [n, dim], optional freqs / versions [n]."""
+
+    keys: np.ndarray
+    values: np.ndarray
+    freqs: np.ndarray | None = None
+    versions: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+@dataclass
+class LookupStats:
+    """Counters a store keeps per version (read without locks: approximate under concurrency)."""
+
+    lookups: int = 0
+    ids: int = 0
+    default_served: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"lookups": self.lookups, "ids": self.ids, "default_vectors_served": self.default_served,
+                **self.extra}
+
+
+class VersionTables(Protocol):
+    """One model version's tables in a store. See the module doc."""
+
+    version: str
+    specs: dict[str, TableSpec]
+
+    def lookup(self, requests: Sequence[tuple[str, np.ndarray]]) -> list[np.ndarray]:
+        """Rows for each (table, int64 keys [n]) request: float32 [n, dim] each."""
+        ...
+
+    def stage_delta(self, rows: dict[str, RowChunk], step: int, source: TableSource | None) -> None:
+        """Write rows that other processes must see too (shared stores); a no-op for local ones."""
+        ...
+
+    def apply_delta(self, rows: dict[str, RowChunk], step: int) -> None:
+        """Write rows held in this process; called with no lookup in flight."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        ...
+
+    def release(self) -> None:
+        ...
+
+
+class FeatureStore(Protocol):
+    """A model's embedding storage, alive as long as the model. Thread-safe."""
+
+    kind: str
+
+    def open_version(self, version: str, specs: dict[str, TableSpec], source: TableSource) -> VersionTables:
+        """Make ``version``'s tables servable (loading them from ``source`` if needed)."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+def store_kind(config: ModelConfig) -> str | None:
+    """Which store serves embeddings for ``config``; None: the tables stay TensorFlow variables.
+
+    ``redis`` / ``cluster_redis`` -> Redis; otherwise ``ev_storage_type`` 12 -> DRAM+SSD,
+    1 -> DRAM; 0 -> None (the engine may still pick DRAM for an EmbeddingVariable checkpoint).
+    """
+    if config.feature_store_type in ("redis", "cluster_redis"):
+        return config.feature_store_type
+    if config.ev_storage_type == 12:
+        return "dram_ssd"
+    if config.ev_storage_type == 1:
+        return "dram"
+    return None
+
+
+def open_feature_store(config: ModelConfig, model_name: str, kind: str | None = None) -> FeatureStore | None:
+    """The store for ``config`` (see :func:`store_kind`), or ``kind`` when given."""
+    kind = kind or store_kind(config)
+    if kind is None:
+        return None
+    if kind == "dram":
+        from .dram_store import DramStore
+
+        return DramStore()
+    if kind == "dram_ssd":
+        from .tiered_store import TieredStore
+
+        return TieredStore.from_config(config, model_name)
+    from .redis_store import RedisStore
+
+    return RedisStore.from_config(config, model_name)

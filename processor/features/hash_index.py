@@ -1,0 +1,164 @@
+"""HashIndex: int64 key -> row number, open addressing in two numpy arrays.
+
+The embedding stores keep their rows in dense arrays (row ``r`` of a values array); this index
+maps a feature id to its row. Layout, chosen for small per-key overhead and vectorized batch
+operations (no Python object per key):
+
+* ``_keys``  int64 ``[row capacity]``: the key of each row, in insertion order;
+* ``_slots`` int32 (int64 past 2**31 rows) ``[S]``: a row number or -1 (empty), linear
+  probing from ``(mix64(key) >> 32) * S >> 32`` (any S, not only powers of two); sized for a
+  load of 0.7 and rehashed to that load when it passes 0.8.
+
+Overhead per key: 8 bytes of key plus 4 / load bytes of slot: 13.0 to 14.7 bytes, whatever the
+number of keys (power-of-two tables would swing between 13.3 and 18.7).
+Keys are never removed (EmbeddingVariable tables only grow while served).
+
+Batch operations run probe rounds over all pending keys at once; each round is a few numpy
+fancy-index operations, and the number of rounds is the longest probe sequence in the batch.
+
+Thread safety: :meth:`find` may run in any number of threads at once, but not at the same time
+as :meth:`upsert` / :meth:`insert_new` (the stores guarantee this).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_MAX_LOAD = 0.8
+_TARGET_LOAD = 0.7
+_MIN_SLOTS = 16
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def mix64(keys: np.ndarray, salt: int = 0) -> np.ndarray:
+    """SplitMix64 finaliser of ``keys`` (any int64/uint64 array), as uint64; elementwise."""
+    z = np.ascontiguousarray(keys).astype(np.int64, copy=False).view(np.uint64)
+    z = z + (_GOLDEN + np.uint64(salt & 0xFFFFFFFFFFFFFFFF))
+    z = (z ^ (z >> np.uint64(30))) * _M1
+    z = (z ^ (z >> np.uint64(27))) * _M2
+    return z ^ (z >> np.uint64(31))
+
+
+class HashIndex:
+    """See the module doc. ``capacity`` sizes the arrays for that many keys up front."""
+
+    def __init__(self, capacity: int = 0) -> None:
+        self.size = 0
+        self._keys = np.empty(max(capacity, 0), np.int64)
+        self._slots = self._empty_slots(self._slot_count(capacity))
+
+    # --- sizing -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _slot_count(keys: int) -> int:
+        return max(_MIN_SLOTS, int(keys / _TARGET_LOAD) + 1)
+
+    def _home(self, keys: np.ndarray) -> np.ndarray:
+        """The first slot probed for each key: multiply-shift onto [0, S)."""
+        return ((mix64(keys) >> np.uint64(32)) * np.uint64(len(self._slots)) >> np.uint64(32)).astype(np.int64)
+
+    @staticmethod
+    def _empty_slots(count: int) -> np.ndarray:
+        return np.full(count, -1, np.int32 if count < 2**31 - 1 else np.int64)
+
+    @property
+    def row_capacity(self) -> int:
+        return len(self._keys)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self._keys.nbytes + self._slots.nbytes)
+
+    def keys(self) -> np.ndarray:
+        """The keys in row order (a view; do not modify)."""
+        return self._keys[: self.size]
+
+    def reserve(self, total_keys: int) -> None:
+        """Make room for ``total_keys`` keys without further growth."""
+        if total_keys > len(self._keys):
+            grown = np.empty(total_keys, np.int64)
+            grown[: self.size] = self._keys[: self.size]
+            self._keys = grown
+        if total_keys > _MAX_LOAD * len(self._slots):
+            self._slots = self._empty_slots(self._slot_count(total_keys))
+            if self.size:
+                self._place(self._keys[: self.size], np.arange(self.size, dtype=np.int64))
+
+    # --- lookups ----------------------------------------------------------------------------
+
+    def find(self, keys: np.ndarray) -> np.ndarray:
+        """Row of each key (int64), -1 where the key is absent."""
+        q = np.ascontiguousarray(keys, dtype=np.int64).reshape(-1)
+        out = np.full(q.size, -1, np.int64)
+        if self.size == 0 or q.size == 0:
+            return out
+        slots, stored = self._slots, self._keys
+        count = len(slots)
+        pos = self._home(q)
+        idx = np.arange(q.size)
+        while idx.size:
+            s = slots[pos].astype(np.int64, copy=False)
+            occupied = s >= 0
+            hit = occupied.copy()
+            hit[occupied] = stored[s[occupied]] == q[idx[occupied]]
+            if hit.any():
+                out[idx[hit]] = s[hit]
+            go_on = occupied & ~hit
+            idx = idx[go_on]
+            pos = pos[go_on] + 1
+            pos[pos == count] = 0
+        return out
+
+    # --- inserts ----------------------------------------------------------------------------
+
+    def insert_new(self, keys: np.ndarray) -> np.ndarray:
+        """Append distinct keys known to be absent; return their new rows."""
+        keys = np.ascontiguousarray(keys, dtype=np.int64).reshape(-1)
+        m = keys.size
+        rows = np.arange(self.size, self.size + m, dtype=np.int64)
+        if m == 0:
+            return rows
+        total = self.size + m
+        if total > len(self._keys):
+            self.reserve(max(total, int(len(self._keys) * 1.5) + 16))
+        elif total > _MAX_LOAD * len(self._slots):
+            self.reserve(total)
+        self._keys[self.size: total] = keys
+        self._place(keys, rows)
+        self.size = total
+        return rows
+
+    def upsert(self, keys: np.ndarray) -> tuple[np.ndarray, int]:
+        """Row of each key, inserting the absent ones; returns (rows, number of new keys)."""
+        keys = np.ascontiguousarray(keys, dtype=np.int64).reshape(-1)
+        rows = self.find(keys)
+        missing = rows < 0
+        if not missing.any():
+            return rows, 0
+        new_keys, inverse = np.unique(keys[missing], return_inverse=True)
+        new_rows = self.insert_new(new_keys)
+        rows[missing] = new_rows[inverse]
+        return rows, int(new_keys.size)
+
+    def _place(self, keys: np.ndarray, rows: np.ndarray) -> None:
+        slots = self._slots
+        count = len(slots)
+        pos = self._home(keys)
+        pending = np.arange(keys.size)
+        while pending.size:
+            free = slots[pos] < 0
+            free_at = np.flatnonzero(free)
+            if free_at.size:
+                # Several pending keys may probe the same empty slot: the first one takes it.
+                taken_pos, first = np.unique(pos[free_at], return_index=True)
+                winners = free_at[first]
+                slots[taken_pos] = rows[pending[winners]]
+                placed = np.zeros(pending.size, bool)
+                placed[winners] = True
+                keep = ~placed
+                pending, pos = pending[keep], pos[keep]
+            if pending.size:
+                pos = pos + 1
+                pos[pos == count] = 0

@@ -1,0 +1,122 @@
+"""Redis key layout of the embedding store (layout ``sp1``), the same for one node and a cluster.
+
+::
+
+    sp1:{<ns>}:meta                      HASH  per model: version states, delta steps, writers
+        v:<ver>        "ready" once every row of version <ver> is in
+        d:<ver>        newest delta step written into <ver>
+        active         newest ready version
+        w:<ver>:<step> how many times that load / delta was written (1 with one writer)
+    sp1:{<ns>}:lock:<ver>                STRING the writer lock of <ver>: SET NX EX lock_timeout,
+                                         released / extended only by its token (compare-and-X)
+    sp1:{<ns>/<ver>/<tag_p>}             HASH  partition p (of P) of version <ver>, all tables:
+        field  = <id: 8 bytes int64 little-endian> <table: 3 bytes big-endian> 0x01    (12 bytes)
+        value  = dim x float32 little-endian
+        field "\\x00ready" = <ver>, written after the partition's rows: its absence means the
+                 partition lost its data (a Redis that restarted empty) and is refilled
+
+* ``<ns>`` is the model name, ``<ver>`` the full version (``<run>-<full step>``): a new full version
+  loads into new keys beside the served one; versions other than the active and the loading one
+  are deleted (UNLINK of P keys) when a load starts (DeepRec's two-DB double buffer, by key).
+* The partition of a row is ``mix64(id ^ table salt) % P``: a table partition lives in one hash,
+  so in one cluster slot; the P partition tags are chosen so their slots spread evenly over the
+  16384 slots, hence over the nodes of a cluster with the usual even slot ranges.
+* All tables of a version share the P partition hashes, so a request for any number of tables
+  costs at most P commands (one ``HMGET`` per partition), pipelined per node.
+* ``<table>`` is a 24-bit id from the CRC-32 of the table name (collisions are rejected).
+
+Pure functions; thread-safe.
+"""
+
+from __future__ import annotations
+
+import binascii
+import re
+import zlib
+
+import numpy as np
+
+from .hash_index import mix64
+
+SLOTS = 16384
+PREFIX = b"sp1"
+SENTINEL = b"\x00ready"
+FIELD_DTYPE = np.dtype([("id", "<i8"), ("table", ">u4")])  # packed: 12 bytes
+DEFAULT_PARTITIONS = 32
+
+
+def key_slot(key: bytes) -> int:
+    """The Redis Cluster slot of ``key`` (CRC16/XMODEM of the hash tag, if any, mod 16384)."""
+    start = key.find(b"{")
+    if start >= 0:
+        end = key.find(b"}", start + 1)
+        if end > start + 1:
+            key = key[start + 1: end]
+    return binascii.crc_hqx(key, 0) % SLOTS
+
+
+def safe_name(text: str) -> str:
+    """``text`` with every character outside ``[A-Za-z0-9_.-]`` replaced by ``_``."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", text) or "_"
+
+
+def table_id(name: str) -> int:
+    """24-bit id of a table name."""
+    return zlib.crc32(name.encode()) & 0xFFFFFF
+
+
+class KeyLayout:
+    """Keys of one model namespace. See the module doc."""
+
+    def __init__(self, namespace: str, partitions: int = DEFAULT_PARTITIONS) -> None:
+        if not 1 <= partitions <= 4096:
+            raise ValueError(f"partitions must be in [1, 4096], got {partitions}")
+        self.namespace = safe_name(namespace)
+        self.partitions = partitions
+        ns = self.namespace.encode()
+        self.meta_key = PREFIX + b":{" + ns + b"}:meta"
+        self.meta_slot = key_slot(self.meta_key)
+        self._versions: dict[str, tuple[list[bytes], np.ndarray]] = {}
+
+    def lock_key(self, version: str) -> bytes:
+        return PREFIX + b":{" + self.namespace.encode() + b"}:lock:" + safe_name(version).encode()
+
+    def partition_keys(self, version: str) -> tuple[list[bytes], np.ndarray]:
+        """(the P hash keys of ``version``, their slots)."""
+        cached = self._versions.get(version)
+        if cached is None:
+            keys, slots = [], []
+            span = SLOTS / self.partitions
+            base = f"{self.namespace}/{safe_name(version)}/p"
+            for p in range(self.partitions):
+                lo, hi = int(p * span), max(int((p + 1) * span), int(p * span) + 1)
+                n = 0
+                while True:  # the first tag whose slot falls in partition p's share of the slots
+                    tag = f"{base}{p}.{n}".encode()
+                    slot = binascii.crc_hqx(tag, 0) % SLOTS
+                    if lo <= slot < hi or n > 100_000:
+                        break
+                    n += 1
+                keys.append(PREFIX + b":{" + tag + b"}")
+                slots.append(slot)
+            cached = (keys, np.asarray(slots, np.int64))
+            self._versions[version] = cached
+        return cached
+
+    def partition_of(self, tid: int, ids: np.ndarray) -> np.ndarray:
+        """Partition (0..P-1) of each id of table ``tid``."""
+        return (mix64(ids, salt=tid * 0x9E3779B1) % np.uint64(self.partitions)).astype(np.int64)
+
+    @staticmethod
+    def fields(tids: np.ndarray, ids: np.ndarray) -> list[bytes]:
+        """The 12-byte hash field of each (table id, id)."""
+        packed = np.empty(len(ids), FIELD_DTYPE)
+        packed["id"] = ids
+        packed["table"] = (np.asarray(tids, np.uint32) << np.uint32(8)) | np.uint32(1)
+        return packed.view("V12").tolist()
+
+    @staticmethod
+    def values(rows: np.ndarray) -> list[bytes]:
+        """Each row as little-endian float32 bytes."""
+        rows = np.ascontiguousarray(rows, "<f4")
+        return rows.view(f"V{rows.shape[1] * 4}").reshape(-1).tolist()

@@ -1,0 +1,223 @@
+"""RedisNodes: connection pools per node and slot routing, for one Redis or a Redis Cluster.
+
+Commands are sent as ``(slot, args)``; :meth:`RedisNodes.execute` groups them by the node that
+owns the slot (one node for a single Redis), writes every node's batch first and then reads the
+replies, so the nodes work in parallel without threads and each node costs one round trip.
+
+* reads take connections from a per-node pool of ``read_thread_num`` connections, writes
+  (loads, deltas, meta, lock) from a pool of ``update_thread_num`` (DeepRec's meaning of the
+  two keys: numbers of connections); a caller waits for a free connection;
+* no retries inside redis-py: a refused or broken connection, or a reply slower than
+  ``socket_timeout``, raises :class:`StoreDown` at once (the store turns it into a 503);
+* a cluster's slot map comes from ``CLUSTER SLOTS`` of any reachable seed (or known node), and
+  is refreshed on ``MOVED`` / ``ASK`` replies (then the command is retried once) and by
+  :meth:`refresh`.
+
+Thread-safe.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .key_layout import SLOTS
+from .redis_url import RedisAddress
+
+SOCKET_TIMEOUT = 2.0
+CONNECT_TIMEOUT = 1.0
+POOL_WAIT = 5.0
+
+
+class StoreDown(Exception):
+    """Redis could not be reached or did not answer in time."""
+
+
+def _redis():
+    import redis
+
+    return redis
+
+
+class RedisNode:
+    """Pools for one Redis server."""
+
+    def __init__(self, address: RedisAddress, password: str | None, read_conns: int, write_conns: int,
+                 socket_timeout: float = SOCKET_TIMEOUT) -> None:
+        redis = _redis()
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        self.address = address
+        kwargs: dict[str, Any] = dict(
+            host=address.host, port=address.port, db=address.db, username=address.username,
+            password=address.password or password or None, socket_timeout=socket_timeout,
+            socket_connect_timeout=min(CONNECT_TIMEOUT, socket_timeout), retry=Retry(NoBackoff(), 0),
+            timeout=POOL_WAIT)
+        if address.tls:
+            kwargs["connection_class"] = redis.SSLConnection
+        self.read_pool = redis.BlockingConnectionPool(max_connections=read_conns, **kwargs)
+        self.write_pool = redis.BlockingConnectionPool(max_connections=write_conns, **kwargs)
+        self.client = redis.Redis(connection_pool=self.write_pool)
+
+    @property
+    def name(self) -> str:
+        return f"{self.address.host}:{self.address.port}"
+
+    def close(self) -> None:
+        self.read_pool.disconnect()
+        self.write_pool.disconnect()
+
+
+class RedisNodes:
+    """See the module doc. ``cluster``: the addresses are seeds of a Redis Cluster."""
+
+    def __init__(self, addresses: Sequence[RedisAddress], password: str | None, read_conns: int,
+                 write_conns: int, cluster: bool, socket_timeout: float = SOCKET_TIMEOUT) -> None:
+        self.cluster = cluster
+        self.seeds = list(addresses)
+        self._password = password
+        self._read_conns = read_conns
+        self._write_conns = write_conns
+        self._socket_timeout = socket_timeout
+        self._lock = threading.Lock()
+        self._nodes: dict[tuple[str, int], RedisNode] = {}
+        self._owner = np.zeros(SLOTS, np.int32)  # slot -> index into _order
+        self._order: list[RedisNode] = []
+        if not cluster:
+            node = self._node(self.seeds[0])
+            self._order = [node]
+
+    def _node(self, address: RedisAddress) -> RedisNode:
+        key = (address.host, address.port)
+        node = self._nodes.get(key)
+        if node is None:
+            node = RedisNode(address, self._password, self._read_conns, self._write_conns, self._socket_timeout)
+            self._nodes[key] = node
+        return node
+
+    @property
+    def nodes(self) -> list[RedisNode]:
+        return list(self._order)
+
+    def describe(self) -> dict[str, Any]:
+        return {"nodes": [n.name for n in self._order], "cluster": self.cluster,
+                "read_connections_per_node": self._read_conns, "write_connections_per_node": self._write_conns}
+
+    # --- cluster topology -------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Re-read the cluster's slot map (a no-op for one node). Raises StoreDown."""
+        if not self.cluster:
+            return
+        redis = _redis()
+        candidates = [n.address for n in self._order] + self.seeds
+        last: Exception | None = None
+        for address in candidates:
+            node = self._node(address)
+            try:
+                ranges = node.client.execute_command("CLUSTER SLOTS")
+            except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError, OSError) as exc:
+                last = exc
+                continue
+            owner = np.full(SLOTS, -1, np.int32)
+            order: list[RedisNode] = []
+            index: dict[tuple[str, int], int] = {}
+            for entry in ranges:
+                start, end, master = int(entry[0]), int(entry[1]), entry[2]
+                host = master[0].decode() if isinstance(master[0], bytes) else str(master[0])
+                host = host or address.host
+                addr = RedisAddress(host, int(master[1]), 0, address.username, address.password, address.tls)
+                k = (addr.host, addr.port)
+                if k not in index:
+                    index[k] = len(order)
+                    order.append(self._node(addr))
+                owner[start: end + 1] = index[k]
+            if (owner < 0).any():
+                last = StoreDown(f"cluster at {node.name} does not cover all slots")
+                continue
+            with self._lock:
+                self._owner, self._order = owner, order
+            return
+        raise StoreDown(f"no Redis Cluster node answered CLUSTER SLOTS ({last})")
+
+    # --- commands ---------------------------------------------------------------------------
+
+    def execute(self, commands: Sequence[tuple[int, tuple]], write: bool = False) -> list[Any]:
+        """Run ``(slot, args)`` commands; replies in order (a ResponseError object for an error
+        reply). Raises StoreDown when a node cannot be reached or answers too slowly."""
+        results = self._execute_once(commands, write)
+        if self.cluster:
+            redirected = [i for i, r in enumerate(results) if _is_redirect(r)]
+            if redirected:
+                self.refresh()
+                again = self._execute_once([commands[i] for i in redirected], write)
+                for i, r in zip(redirected, again):
+                    results[i] = r
+        return results
+
+    def _execute_once(self, commands: Sequence[tuple[int, tuple]], write: bool) -> list[Any]:
+        redis = _redis()
+        owner, order = self._owner, self._order
+        by_node: dict[int, list[int]] = defaultdict(list)
+        for i, (slot, _) in enumerate(commands):
+            by_node[int(owner[slot]) if self.cluster else 0].append(i)
+        results: list[Any] = [None] * len(commands)
+        taken = []
+        try:
+            for n, idxs in by_node.items():
+                node = order[n]
+                pool = node.write_pool if write else node.read_pool
+                conn = pool.get_connection()
+                taken.append((pool, conn, node, idxs))
+                conn.send_packed_command(conn.pack_commands([commands[i][1] for i in idxs]),
+                                         check_health=False)
+            for _, conn, _, idxs in taken:
+                for i in idxs:
+                    try:
+                        results[i] = conn.read_response()
+                    except redis.ResponseError as exc:
+                        results[i] = exc
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            for _, conn, _, _ in taken:
+                conn.disconnect()
+            names = ", ".join(sorted({t[2].name for t in taken})) or "redis"
+            raise StoreDown(f"{names}: {type(exc).__name__}: {exc}") from None
+        finally:
+            for pool, conn, _, _ in taken:
+                pool.release(conn)
+        return results
+
+    def on_slot(self, slot: int, *args, write: bool = True) -> Any:
+        """One command on the node of ``slot``; raises its error reply."""
+        result = self.execute([(slot, args)], write=write)[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def ping_all(self) -> None:
+        """PING every node (after a refresh for a cluster); raises StoreDown."""
+        self.refresh()
+        self.execute([(self._first_slot(n), ("PING",)) for n in range(len(self._order))], write=True)
+
+    def _first_slot(self, n: int) -> int:
+        if not self.cluster:
+            return 0
+        return int(np.flatnonzero(self._owner == n)[0])
+
+    def close(self) -> None:
+        for node in list(self._nodes.values()):
+            node.close()
+
+
+def _is_redirect(result: Any) -> bool:
+    if not isinstance(result, Exception):
+        return False
+    from redis.exceptions import AskError, ClusterDownError, MovedError, TryAgainError
+
+    return isinstance(result, (AskError, ClusterDownError, MovedError, TryAgainError)) or \
+        str(result).startswith(("MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN"))

@@ -1,0 +1,486 @@
+"""RedisStore: embedding tables in one Redis or a Redis Cluster, shared by many processor replicas.
+
+Key layout: :mod:`.key_layout`. Connections and routing: :mod:`.redis_client`.
+
+**Loading a version** (:meth:`RedisStore.open_version`, on the model's update thread): if the
+version is ready in Redis (meta ``v:<ver>`` = ready and every partition's sentinel present), the
+replica just serves it. Otherwise it tries the version's lock (``SET NX EX lock_timeout``): the
+holder deletes versions other than the active and this one, deletes any partial data of this
+one, writes every row (``HSET`` per partition, pipelined per node, ``update_thread_num``
+writer threads, progress logged with rows/s and ETA), writes the sentinels and the meta, and
+releases the lock by compare-and-delete (extending it by compare-and-expire while it works).
+The others poll until the version is ready (or the lock expires and one of them takes over).
+
+**Deltas** (:meth:`RedisVersionTables.stage_delta`): the same protocol, per (version, step):
+one replica writes the changed rows into the served version's partitions; ``d:<ver>`` records
+the step; the others see ``d:<ver>`` >= step and skip. Rows change in place, row by row (no
+update gate spans processes).
+
+**Lookups** (:meth:`RedisVersionTables.lookup`): ids are de-duplicated per table, grouped by
+partition, and fetched with one ``HMGET <partition> <sentinel> <fields...>`` per partition;
+replies are turned into arrays without a Python object per row beyond the reply's own.
+
+**Outage**: a refused or broken connection or a reply later than the socket timeout marks the
+store down; from then on lookups fail at once with :class:`~processor.errors.Unavailable` (503)
+and a message, without touching the network. A probe thread pings the nodes; when they answer
+it checks every open version and, if Redis came back empty (or a partition lost its data: a
+missing sentinel), refills it from the checkpoint under the lock, then lets requests through.
+Nothing of the process's own state is lost meanwhile.
+
+Thread-safe.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from ..errors import Internal, Unavailable
+from .ev_checkpoint import TableSource
+from .feature_store import LookupStats, RowChunk, TableSpec
+from .key_layout import DEFAULT_PARTITIONS, SENTINEL, KeyLayout, key_slot, table_id
+from .progress import LoadProgress
+from .redis_client import RedisNodes, StoreDown
+from .redis_url import parse_redis_url
+
+log = logging.getLogger("processor.features")
+
+_UNLOCK = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
+_EXTEND = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
+           "return redis.call('expire', KEYS[1], ARGV[2]) else return 0 end")
+_WRITE_ROWS = 2048  # rows per HSET command
+
+
+class RedisVersionTables:
+    """One version's tables in Redis. See the module doc and :mod:`.feature_store`."""
+
+    def __init__(self, store: RedisStore, version: str, specs: dict[str, TableSpec], source: TableSource) -> None:
+        self.store = store
+        self.version = version
+        self.specs = specs
+        self.source = source
+        self.keys, self.slots = store.layout.partition_keys(version)
+        self.tids = {name: table_id(name) for name in specs}
+        if len(set(self.tids.values())) != len(self.tids):
+            raise Internal("two embedding tables share a 24-bit table id; rename one")
+        self._defaults = {name: spec.default_vector() for name, spec in specs.items()}
+        self.stats = LookupStats(extra={"redis_commands": 0})
+        self.loaded_by: str | None = None
+        self.progress: LoadProgress | None = None
+        self.delta_step = -1
+
+    # --- serving ----------------------------------------------------------------------------
+
+    def lookup(self, requests: Sequence[tuple[str, np.ndarray]]) -> list[np.ndarray]:
+        store = self.store
+        store.check_up()
+        layout = store.layout
+        segments = []
+        ids_parts, tid_parts, part_parts = [], [], []
+        for name, keys in requests:
+            uniq, inverse = np.unique(np.asarray(keys, np.int64).reshape(-1), return_inverse=True)
+            tid = self.tids[name]
+            segments.append((name, uniq.size, inverse))
+            ids_parts.append(uniq)
+            tid_parts.append(np.full(uniq.size, tid, np.uint32))
+            part_parts.append(layout.partition_of(tid, uniq))
+        ids = np.concatenate(ids_parts) if ids_parts else np.empty(0, np.int64)
+        total = ids.size
+        out: list[np.ndarray] = []
+        if total == 0:
+            return [np.empty((0, self.specs[n].dim), np.float32) for n, _ in requests]
+        parts = np.concatenate(part_parts)
+        order = np.argsort(parts, kind="stable")
+        counts = np.bincount(parts, minlength=layout.partitions)
+        fields = layout.fields(np.concatenate(tid_parts)[order], ids[order])
+        commands = []
+        pos = 0
+        for p in np.flatnonzero(counts).tolist():
+            c = int(counts[p])
+            commands.append((int(self.slots[p]), ("HMGET", self.keys[p], SENTINEL, *fields[pos: pos + c])))
+            pos += c
+        replies = store.run(commands)
+        flat_sorted: list[bytes | None] = []
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise Internal(f"feature store: {type(reply).__name__}: {reply}")
+            if reply[0] is None:
+                store.data_lost(self, "a partition of version %s has no data" % self.version)
+            flat_sorted.extend(reply[1:])
+        inv_order = np.empty(total, np.int64)
+        inv_order[order] = np.arange(total)
+        flat = [flat_sorted[j] for j in inv_order.tolist()]
+        start = 0
+        misses = 0
+        for name, n, inverse in segments:
+            seg = flat[start: start + n]
+            start += n
+            dim = self.specs[name].dim
+            hit = np.fromiter((v is not None for v in seg), bool, n)
+            rows = np.empty((n, dim), np.float32)
+            hits = int(np.count_nonzero(hit))
+            if hits:
+                rows[hit] = np.frombuffer(b"".join([v for v in seg if v is not None]), "<f4").reshape(hits, dim)
+            if hits < n:
+                rows[~hit] = self._defaults[name]
+                misses += int(np.count_nonzero(~hit[inverse]))
+            out.append(rows[inverse])
+        self.stats.lookups += 1
+        self.stats.ids += sum(len(inv) for _, _, inv in segments)
+        self.stats.default_served += misses
+        self.stats.extra["redis_commands"] += len(commands)
+        return out
+
+    # --- updates ----------------------------------------------------------------------------
+
+    def stage_delta(self, rows: dict[str, RowChunk], step: int, source: TableSource | None = None) -> None:
+        """Write a delta's rows once for all replicas (see the module doc)."""
+        if source is not None:
+            self.source = source
+        self.store.write_delta(self, rows, step)
+        self.delta_step = step
+
+    def apply_delta(self, rows: dict[str, RowChunk], step: int) -> None:
+        return None  # the rows are in Redis already (stage_delta)
+
+    def describe(self) -> dict[str, Any]:
+        return {"store": self.store.kind, "version": self.version, "loaded_by": self.loaded_by,
+                "delta_step": self.delta_step, "partitions": len(self.keys),
+                "tables": {n: {"dim": s.dim, "keyed_by": s.keyed_by, "checkpoint_rows": s.rows}
+                           for n, s in self.specs.items()},
+                "lookups": self.stats.as_dict(),
+                "load": self.progress.describe() if self.progress else None}
+
+    def release(self) -> None:
+        self.store.forget(self)
+
+
+class RedisStore:
+    """See the module doc."""
+
+    def __init__(self, kind: str, nodes: RedisNodes, namespace: str, lock_timeout: int,
+                 write_threads: int, partitions: int = DEFAULT_PARTITIONS, poll_seconds: float = 0.2,
+                 probe_seconds: float = 0.25) -> None:
+        self.kind = kind
+        self.nodes = nodes
+        self.layout = KeyLayout(namespace, partitions)
+        self.lock_timeout = int(lock_timeout)
+        self.write_threads = max(1, int(write_threads))
+        self.poll_seconds = poll_seconds
+        self.probe_seconds = probe_seconds
+        self.replica = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.state = "up"
+        self.last_error: str | None = None
+        self.down_since: float | None = None
+        self.counters = {"outages": 0, "refills": 0, "failed_fast": 0, "rows_written": 0,
+                         "loads_written": 0, "deltas_written": 0}
+        self._open: weakref.WeakSet[RedisVersionTables] = weakref.WeakSet()
+        self._state_lock = threading.Lock()
+        self._probe: threading.Thread | None = None
+        self._closed = threading.Event()
+
+    @classmethod
+    def from_config(cls, config, model_name: str) -> RedisStore:
+        cluster = config.feature_store_type == "cluster_redis"
+        addresses = parse_redis_url(config.redis_url or "", cluster=cluster)
+        nodes = RedisNodes(addresses, config.redis_password, config.read_thread_num,
+                           config.update_thread_num, cluster)
+        store = cls(config.feature_store_type, nodes, model_name or "default", config.lock_timeout,
+                    config.update_thread_num)
+        try:
+            nodes.refresh()
+        except StoreDown as exc:
+            store._mark_down(str(exc))
+        return store
+
+    # --- health -----------------------------------------------------------------------------
+
+    def check_up(self) -> None:
+        if self.state != "up":
+            self.counters["failed_fast"] += 1
+            since = time.monotonic() - (self.down_since or time.monotonic())
+            raise Unavailable(f"feature store {self.kind} ({', '.join(n.name for n in self.nodes.nodes)}) is "
+                              f"unavailable: {self.state} for {since:.1f} s ({self.last_error}); "
+                              f"requests fail until it is back")
+
+    def run(self, commands, write: bool = False) -> list[Any]:
+        """Execute commands; a connection problem marks the store down and raises Unavailable."""
+        try:
+            return self.nodes.execute(commands, write=write)
+        except StoreDown as exc:
+            self._mark_down(str(exc))
+            raise Unavailable(f"feature store {self.kind} is unavailable: {exc}") from None
+
+    def _cmd(self, slot: int, *args) -> Any:
+        result = self.run([(slot, args)], write=True)[0]
+        if isinstance(result, Exception):
+            raise Internal(f"feature store: {args[0]}: {result}")
+        return result
+
+    def _mark_down(self, reason: str, state: str = "down") -> None:
+        with self._state_lock:
+            if self.state == "up":
+                self.state = state
+                self.down_since = time.monotonic()
+                self.counters["outages"] += 1
+                log.warning("feature store %s %s: %s; failing requests fast until it is back",
+                            self.kind, state, reason)
+            self.last_error = reason
+            if (self._probe is None or not self._probe.is_alive()) and not self._closed.is_set():
+                self._probe = threading.Thread(target=self._probe_loop, name="feature-store-probe", daemon=True)
+                self._probe.start()
+
+    def data_lost(self, vt: RedisVersionTables, reason: str) -> None:
+        self._mark_down(reason, state="refilling")
+        raise Unavailable(f"feature store {self.kind}: {reason}; refilling it from the checkpoint")
+
+    def _probe_loop(self) -> None:
+        while not self._closed.wait(self.probe_seconds):
+            try:
+                self.nodes.ping_all()
+                for vt in list(self._open):
+                    if not self._ready(vt):
+                        with self._state_lock:
+                            self.state = "refilling"
+                        log.warning("feature store %s: version %s is missing from Redis; refilling it "
+                                    "from %s", self.kind, vt.version, vt.source.full_prefix)
+                        self._ensure_loaded(vt, refill=True)
+                        self.counters["refills"] += 1
+                    elif vt.delta_step >= 0 and self._delta_step(vt) < vt.delta_step:
+                        self._ensure_delta(vt, vt.source)
+            except (StoreDown, Unavailable) as exc:
+                self.last_error = str(exc)
+                continue
+            except Exception as exc:  # keep probing; the next round retries
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.exception("feature store %s: recovery failed", self.kind)
+                continue
+            with self._state_lock:
+                took = time.monotonic() - (self.down_since or time.monotonic())
+                self.state, self.down_since = "up", None
+            log.warning("feature store %s is back after %.1f s", self.kind, took)
+            return
+
+    # --- meta and lock ----------------------------------------------------------------------
+
+    def _meta(self, *args) -> Any:
+        return self._cmd(self.layout.meta_slot, args[0], self.layout.meta_key, *args[1:])
+
+    def _ready(self, vt: RedisVersionTables) -> bool:
+        commands = [(self.layout.meta_slot, ("HGET", self.layout.meta_key, b"v:" + vt.version.encode()))]
+        commands += [(int(s), ("HEXISTS", k, SENTINEL)) for k, s in zip(vt.keys, vt.slots)]
+        replies = self._checked(self.run(commands, write=True))
+        return replies[0] == b"ready" and all(r == 1 for r in replies[1:])
+
+    def _delta_step(self, vt: RedisVersionTables) -> int:
+        got = self._meta("HGET", b"d:" + vt.version.encode())
+        return int(got) if got is not None else -1
+
+    @staticmethod
+    def _checked(replies: list[Any]) -> list[Any]:
+        for r in replies:
+            if isinstance(r, Exception):
+                raise Internal(f"feature store: {type(r).__name__}: {r}")
+        return replies
+
+    def _try_lock(self, version: str) -> str | None:
+        key = self.layout.lock_key(version)
+        token = f"{self.replica}:{uuid.uuid4().hex[:8]}"
+        ok = self._cmd(key_slot(key), "SET", key, token, "NX", "EX", self.lock_timeout)
+        return token if ok else None
+
+    def _unlock(self, version: str, token: str) -> None:
+        key = self.layout.lock_key(version)
+        try:
+            self._cmd(key_slot(key), "EVAL", _UNLOCK, 1, key, token)
+        except Unavailable:
+            pass  # the lock expires by itself
+
+    def _extend(self, version: str, token: str) -> None:
+        key = self.layout.lock_key(version)
+        if not self._cmd(key_slot(key), "EVAL", _EXTEND, 1, key, token, self.lock_timeout):
+            raise Internal(f"feature store: lost the writer lock of version {version} (lock_timeout "
+                           f"{self.lock_timeout} s too short?)")
+
+    def _wait_or_lock(self, version: str, done) -> str | None:
+        """Poll until ``done()`` or this replica takes the lock; the token, or None when done."""
+        while not self._closed.is_set():
+            if done():
+                return None
+            token = self._try_lock(version)
+            if token is not None:
+                if done():
+                    self._unlock(version, token)
+                    return None
+                return token
+            time.sleep(self.poll_seconds)
+        raise Unavailable("feature store closed")
+
+    # --- versions ---------------------------------------------------------------------------
+
+    def open_version(self, version: str, specs: dict[str, TableSpec], source: TableSource) -> RedisVersionTables:
+        self.check_up()
+        vt = RedisVersionTables(self, version, specs, source)
+        self._ensure_loaded(vt)
+        if source.delta_prefix:
+            vt.delta_step = source.delta_step
+        self._open.add(vt)
+        return vt
+
+    def forget(self, vt: RedisVersionTables) -> None:
+        self._open.discard(vt)  # the rows stay: other replicas may serve them
+
+    def _ensure_loaded(self, vt: RedisVersionTables, refill: bool = False) -> None:
+        token = self._wait_or_lock(vt.version, lambda: self._ready(vt))
+        if token is None:
+            vt.loaded_by = vt.loaded_by or "another replica"
+            log.info("feature store %s: version %s is in Redis already; serving it", self.kind, vt.version)
+            return
+        try:
+            if not refill:
+                self._drop_old_versions(keep={vt.version})
+            self._import(vt, token)
+            vt.loaded_by = "this replica"
+        finally:
+            self._unlock(vt.version, token)
+
+    def _drop_old_versions(self, keep: set[str]) -> None:
+        meta = self._meta("HGETALL")
+        fields = {k: v for k, v in zip(meta[0::2], meta[1::2])} if isinstance(meta, list) else dict(meta)
+        active = fields.get(b"active")
+        if active:
+            keep = keep | {active.decode()}
+        for name in list(fields):
+            if not name.startswith(b"v:"):
+                continue
+            version = name[2:].decode()
+            if version in keep:
+                continue
+            lock = self.layout.lock_key(version)
+            if self._cmd(key_slot(lock), "EXISTS", lock):
+                continue  # someone is loading it
+            keys, slots = self.layout.partition_keys(version)
+            self._checked(self.run([(int(s), ("UNLINK", k)) for k, s in zip(keys, slots)], write=True))
+            stale = [f for f in fields if f.split(b":")[1:2] == [version.encode()]]
+            self._meta("HDEL", *stale)
+            log.info("feature store %s: deleted old version %s", self.kind, version)
+
+    def _import(self, vt: RedisVersionTables, token: str) -> None:
+        ver = vt.version.encode()
+        self._checked(self.run([(int(s), ("UNLINK", k)) for k, s in zip(vt.keys, vt.slots)], write=True))
+        self._meta("HDEL", b"v:" + ver, b"d:" + ver)
+        vt.progress = LoadProgress(f"feature store {self.kind}, version {vt.version}", vt.source.row_count(vt.specs))
+        extended = time.monotonic()
+        with ThreadPoolExecutor(self.write_threads, thread_name_prefix="feature-store-writer") as pool:
+            pending = []
+            for name, chunk in vt.source.rows(vt.specs, chunk_rows=_WRITE_ROWS * 4):
+                pending.append(pool.submit(self._write_rows, vt, name, chunk))
+                if len(pending) >= 2 * self.write_threads:
+                    pending.pop(0).result()
+                if time.monotonic() - extended > self.lock_timeout / 3:
+                    self._extend(vt.version, token)
+                    extended = time.monotonic()
+            for f in pending:
+                f.result()
+        vt.progress.finish()
+        self._checked(self.run([(int(s), ("HSET", k, SENTINEL, ver)) for k, s in zip(vt.keys, vt.slots)],
+                               write=True))
+        step = vt.source.delta_step if vt.source.delta_prefix else -1
+        self._meta("HSET", b"v:" + ver, b"ready", b"d:" + ver, step, b"active", ver)
+        self._meta("HINCRBY", b"w:" + ver + b":full", 1)
+        self.counters["loads_written"] += 1
+
+    def _write_rows(self, vt: RedisVersionTables, table: str, chunk: RowChunk) -> None:
+        if len(chunk) == 0:
+            return
+        spec = vt.specs[table]
+        values = np.asarray(chunk.values, np.float32)
+        if values.shape != (len(chunk.keys), spec.dim):
+            raise Internal(f"table {table!r}: rows of shape {list(values.shape)}, expected [n, {spec.dim}]")
+        tid = vt.tids[table]
+        keys = np.asarray(chunk.keys, np.int64)
+        parts = self.layout.partition_of(tid, keys)
+        order = np.argsort(parts, kind="stable")
+        counts = np.bincount(parts, minlength=self.layout.partitions)
+        fields = self.layout.fields(np.full(len(keys), tid, np.uint32), keys[order])
+        payload = self.layout.values(values[order])
+        commands = []
+        pos = 0
+        for p in np.flatnonzero(counts).tolist():
+            for start in range(pos, pos + int(counts[p]), _WRITE_ROWS):
+                stop = min(start + _WRITE_ROWS, pos + int(counts[p]))
+                args: list[Any] = [None] * (2 * (stop - start))
+                args[0::2] = fields[start:stop]
+                args[1::2] = payload[start:stop]
+                commands.append((int(vt.slots[p]), ("HSET", vt.keys[p], *args)))
+            pos += int(counts[p])
+        self._checked(self.run(commands, write=True))
+        self.counters["rows_written"] += len(keys)
+        if vt.progress is not None:
+            vt.progress.add(len(keys))
+
+    def write_delta(self, vt: RedisVersionTables, rows: dict[str, RowChunk], step: int) -> None:
+        self.check_up()
+        self._ensure_delta(vt, vt.source, rows, step)
+
+    def _ensure_delta(self, vt: RedisVersionTables, source: TableSource,
+                      rows: dict[str, RowChunk] | None = None, step: int | None = None) -> None:
+        """Make Redis hold delta ``step`` of ``vt`` (read from ``source`` when rows are not given)."""
+        if step is None:
+            step = source.delta_step
+        if rows is None:
+            from .ev_checkpoint import CheckpointTables
+
+            ckpt = CheckpointTables(source.delta_prefix)
+            ev = ckpt.ev_tables()
+            rows = {}
+            for name in vt.specs:
+                if name in ev:
+                    chunks = list(ckpt.chunks(ev[name], chunk_rows=1 << 62))
+                    rows[name] = chunks[0] if len(chunks) == 1 else RowChunk(
+                        np.concatenate([c.keys for c in chunks]), np.concatenate([c.values for c in chunks]))
+        token = self._wait_or_lock(vt.version, lambda: self._delta_step(vt) >= step)
+        if token is None:
+            return
+        try:
+            for name, chunk in rows.items():
+                self._write_rows(vt, name, chunk)
+            ver = vt.version.encode()
+            self._meta("HSET", b"d:" + ver, step)
+            self._meta("HINCRBY", b"w:" + ver + b":" + str(step).encode(), 1)
+            self.counters["deltas_written"] += 1
+            log.info("feature store %s: wrote delta %d of version %s (%d rows)", self.kind, step, vt.version,
+                     sum(len(c) for c in rows.values()))
+        finally:
+            self._unlock(vt.version, token)
+
+    # --- facts ------------------------------------------------------------------------------
+
+    def writes_of(self, version: str, what: str = "full") -> int:
+        """How many times ``version``'s full load (or delta step ``what``) was written, all replicas."""
+        got = self._meta("HGET", b"w:" + version.encode() + b":" + what.encode())
+        return int(got or 0)
+
+    def describe(self) -> dict[str, Any]:
+        return {"type": self.kind, **self.nodes.describe(), "namespace": self.layout.namespace,
+                "partitions": self.layout.partitions, "layout": "sp1 (see processor/features/key_layout.py)",
+                "lock_timeout": self.lock_timeout, "writer_threads": self.write_threads,
+                "state": self.state, "last_error": self.last_error, "replica": self.replica,
+                **self.counters}
+
+    def close(self) -> None:
+        self._closed.set()
+        probe = self._probe
+        if probe is not None and probe is not threading.current_thread():
+            probe.join(timeout=5)
+        self.nodes.close()

@@ -1,0 +1,262 @@
+"""DRAM+SSD store (``ev_storage_type`` 12): a DRAM row cache over an SSD file per table.
+
+Per table:
+
+* the key index (:class:`~.hash_index.HashIndex`, key -> row) stays in DRAM (about 15 bytes a
+  key, against ``4 * dim`` bytes of row);
+* every row lives in a file ``<ev_storage_path>/<model>/<version>/<n>.rows`` (float32, row
+  ``r`` at byte ``r * 4 * dim``), read through a read-only ``mmap`` with random-access advice;
+* a DRAM cache of ``cache_rows`` rows, replaced by CLOCK (second chance): a hit sets the slot's
+  reference bit; a miss takes slots whose bit is clear, clearing bits as the hand sweeps.
+
+Sizes come from ``ev_storage_size``: the first number is the DRAM budget in bytes for the row
+caches of all tables of a version (split in proportion to each table's bytes); the second, if
+given, the most bytes the SSD files may take (a load past it fails); without ``ev_storage_size``
+the DRAM budget is 1 GiB. The kernel's page cache
+over the files is not counted: it is shared and the kernel reclaims it.
+
+Thread safety: lookups of one table serialize on the table's lock (the cache changes on every
+miss); upserts run while no lookup does (behind the update gate).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import shutil
+import threading
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+from .dram_store import LocalVersionTables, _as_u32
+from .feature_store import LookupStats, RowChunk, TableSpec
+from .hash_index import HashIndex
+
+
+DEFAULT_DRAM_BYTES = 1 << 30  # DRAM row cache of a version when ev_storage_size is not given
+
+
+class TieredTable:
+    """See the module doc."""
+
+    def __init__(self, spec: TableSpec, path: str, cache_rows: int, capacity: int = 0) -> None:
+        self.spec = spec
+        self.path = path
+        self.row_bytes = 4 * spec.dim
+        self.index = HashIndex(capacity)
+        self.default = spec.default_vector()
+        self.stats = LookupStats(extra={"cache_hits": 0, "ssd_reads": 0})
+        self.cache_rows = max(1, int(cache_rows))
+        self._cache = np.zeros((self.cache_rows, spec.dim), np.float32)
+        self._cache_row = np.full(self.cache_rows, -1, np.int64)  # SSD row held by each slot
+        self._ref = np.zeros(self.cache_rows, np.uint8)
+        self._hand = 0
+        self._slot_of = np.full(max(capacity, 16), -1, np.int32)  # SSD row -> cache slot
+        self.freqs: np.ndarray | None = None
+        self.versions: np.ndarray | None = None
+        self._lock = threading.Lock()
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        self._file_rows = 0
+        self._map: mmap.mmap | None = None
+        self._rows_view: np.ndarray | None = None
+        self._grow_file(max(capacity, 16))
+
+    @property
+    def size(self) -> int:
+        return self.index.size
+
+    # --- file -------------------------------------------------------------------------------
+
+    def _grow_file(self, rows: int) -> None:
+        if rows <= self._file_rows:
+            return
+        rows = max(rows, int(self._file_rows * 1.5) + 16)
+        os.ftruncate(self._fd, rows * self.row_bytes)
+        if self._map is not None:
+            self._rows_view = None
+            self._map.close()
+        self._map = mmap.mmap(self._fd, rows * self.row_bytes, prot=mmap.PROT_READ)
+        if hasattr(self._map, "madvise"):
+            self._map.madvise(mmap.MADV_RANDOM)
+        self._rows_view = np.frombuffer(self._map, np.float32).reshape(rows, self.spec.dim)
+        self._file_rows = rows
+        if len(self._slot_of) < rows:
+            grown = np.full(rows, -1, np.int32)
+            grown[: len(self._slot_of)] = self._slot_of
+            self._slot_of = grown
+
+    def _write_rows(self, rows: np.ndarray, values: np.ndarray) -> None:
+        """Write rows to the file: contiguous runs with one pwrite each."""
+        order = np.argsort(rows, kind="stable")
+        rows, values = rows[order], np.ascontiguousarray(values[order], np.float32)
+        breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+        starts = np.concatenate(([0], breaks))
+        ends = np.concatenate((breaks, [len(rows)]))
+        for a, b in zip(starts.tolist(), ends.tolist()):
+            os.pwrite(self._fd, values[a:b].tobytes(), int(rows[a]) * self.row_bytes)
+
+    # --- serving ----------------------------------------------------------------------------
+
+    def lookup(self, keys: np.ndarray) -> np.ndarray:
+        rows = self.index.find(keys)
+        present = rows >= 0
+        out = np.empty((len(rows), self.spec.dim), np.float32)
+        out[~present] = self.default
+        if present.any():
+            uniq, inverse = np.unique(rows[present], return_inverse=True)
+            with self._lock:
+                fetched = self._fetch(uniq)
+            out[present] = fetched[inverse]
+        self.stats.lookups += 1
+        self.stats.ids += len(rows)
+        self.stats.default_served += int(len(rows) - np.count_nonzero(present))
+        return out
+
+    def _fetch(self, rows: np.ndarray) -> np.ndarray:
+        """Rows (distinct, sorted) from the cache or the file; misses enter the cache."""
+        slots = self._slot_of[rows]
+        hit = slots >= 0
+        out = np.empty((len(rows), self.spec.dim), np.float32)
+        if hit.any():
+            hs = slots[hit]
+            out[hit] = self._cache[hs]
+            self._ref[hs] = 1
+        miss_rows = rows[~hit]
+        if miss_rows.size:
+            data = self._rows_view[miss_rows]  # sorted rows: the reads go forward through the file
+            out[~hit] = data
+            victims = self._victims(min(miss_rows.size, self.cache_rows))
+            cached = miss_rows[: victims.size]
+            self._cache[victims] = data[: victims.size]
+            self._cache_row[victims] = cached
+            self._slot_of[cached] = victims
+            self._ref[victims] = 0
+        self.stats.extra["cache_hits"] += int(np.count_nonzero(hit))
+        self.stats.extra["ssd_reads"] += int(miss_rows.size)
+        return out
+
+    def _victims(self, m: int) -> np.ndarray:
+        """``m`` cache slots to reuse, by CLOCK; their old rows leave the cache."""
+        size = self.cache_rows
+        if m >= size:
+            victims = np.arange(size)
+        else:
+            chosen, got = [], 0
+            taken = np.zeros(size, bool)
+            while got < m:
+                window = min(size, max(2 * (m - got), 64))
+                idx = (self._hand + np.arange(window)) % size
+                free = idx[(self._ref[idx] == 0) & ~taken[idx]][: m - got]
+                self._ref[idx] = 0  # second chance: the hand clears what it passes
+                taken[free] = True
+                chosen.append(free)
+                got += free.size
+                self._hand = (self._hand + window) % size
+            victims = np.concatenate(chosen)
+        old = self._cache_row[victims]
+        self._slot_of[old[old >= 0]] = -1
+        self._cache_row[victims] = -1
+        return victims
+
+    # --- updates ----------------------------------------------------------------------------
+
+    def upsert(self, chunk: RowChunk) -> int:
+        if len(chunk) == 0:
+            return 0
+        values = np.asarray(chunk.values, np.float32)
+        if values.shape != (len(chunk.keys), self.spec.dim):
+            raise ValueError(f"table {self.spec.name!r}: rows of shape {list(values.shape)}, "
+                             f"expected [{len(chunk.keys)}, {self.spec.dim}]")
+        rows, new = self.index.upsert(chunk.keys)
+        self._grow_file(self.index.size)
+        self._write_rows(rows, values)
+        with self._lock:  # write-through: cached copies follow the file
+            slots = self._slot_of[rows]
+            cached = slots >= 0
+            if cached.any():
+                self._cache[slots[cached]] = values[cached]
+        for name, given in (("freqs", chunk.freqs), ("versions", chunk.versions)):
+            if given is None:
+                continue
+            arr = getattr(self, name)
+            if arr is None or len(arr) < self._file_rows:
+                bigger = np.zeros(self._file_rows, np.uint32)
+                if arr is not None:
+                    bigger[: len(arr)] = arr
+                arr = bigger
+                setattr(self, name, arr)
+            arr[rows] = _as_u32(given)
+        return new
+
+    def nbytes(self) -> dict[str, int]:
+        meta = sum(a.nbytes for a in (self.freqs, self.versions) if a is not None)
+        return {"dram_cache": int(self._cache.nbytes + self._cache_row.nbytes + self._ref.nbytes),
+                "index": self.index.nbytes + int(self._slot_of.nbytes), "metadata": int(meta),
+                "ssd": int(self.index.size * self.row_bytes)}
+
+    def close(self) -> None:
+        self._rows_view = None
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:  # a lookup result still views the map; the OS frees it later
+                pass
+            self._map = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "_"
+
+
+class TieredStore:
+    """DRAM+SSD tables; each version has its own files (load beside, swap, delete the old)."""
+
+    kind = "dram_ssd"
+
+    def __init__(self, root: str, dram_bytes: int, ssd_bytes: int | None = None) -> None:
+        self.root = root
+        self.dram_bytes = int(dram_bytes)
+        self.ssd_bytes = ssd_bytes
+        os.makedirs(root, exist_ok=True)
+
+    @classmethod
+    def from_config(cls, config, model_name: str) -> TieredStore:
+        sizes = config.ev_storage_size or (DEFAULT_DRAM_BYTES,)
+        return cls(os.path.join(config.ev_storage_path, _safe(model_name or "default")), sizes[0],
+                   sizes[1] if len(sizes) > 1 else None)
+
+    def open_version(self, version: str, specs: dict[str, TableSpec], source) -> LocalVersionTables:
+        directory = os.path.join(self.root, _safe(version))
+        total_bytes = sum(max(s.rows, 1) * 4 * s.dim for s in specs.values())
+        if self.ssd_bytes is not None and total_bytes > self.ssd_bytes:
+            raise ConfigError(f"ev_storage_size: version {version} needs {total_bytes} bytes of SSD, "
+                              f"the limit is {self.ssd_bytes}")
+        tables = {}
+        for i, (name, spec) in enumerate(sorted(specs.items())):
+            share = self.dram_bytes * (max(spec.rows, 1) * 4 * spec.dim) / max(total_bytes, 1)
+            tables[name] = TieredTable(spec, os.path.join(directory, f"{i}.rows"),
+                                       int(share // (4 * spec.dim)), spec.rows)
+        vt = LocalVersionTables(self.kind, version, specs, tables)
+        try:
+            vt.load(source)
+        except BaseException:
+            vt.release()
+            raise
+        return vt
+
+    def describe(self) -> dict[str, Any]:
+        return {"type": self.kind, "path": self.root, "dram_bytes": self.dram_bytes, "ssd_bytes": self.ssd_bytes}
+
+    def close(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
