@@ -17,6 +17,8 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -42,6 +44,7 @@ class ServingRuntime:
     def __init__(self, deployment: DeploymentConfig,
                  managers: Mapping[str, Any] | None = None) -> None:
         self.deployment = deployment
+        self.environment = _apply_environment(deployment)  # before TensorFlow starts its pools
         self.entries: dict[str, ModelEntry] = {m.name: m for m in deployment.models}
         self.managers: dict[str, Any] = dict(managers) if managers is not None else {
             m.name: ModelManager(m.name, m.config) for m in deployment.models}
@@ -212,6 +215,26 @@ class ServingRuntime:
                 log.exception("closing model %s failed", manager.name)
         for tracer in self.tracers.values():
             tracer.close()  # writes the traces still queued
+
+
+def _apply_environment(deployment: DeploymentConfig) -> dict[str, str]:
+    """Export ``omp_num_threads`` / ``kmp_blocktime`` as DeepRec does (process-wide variables).
+
+    One process serves every model, so when models disagree the largest value is used and the
+    conflict is logged. Reported in model info.
+    """
+    applied: dict[str, str] = {}
+    for key, attr in (("OMP_NUM_THREADS", "omp_num_threads"), ("KMP_BLOCKTIME", "kmp_blocktime")):
+        values = {m.name: getattr(m.config, attr) for m in deployment.models if getattr(m.config, attr) is not None}
+        if not values:
+            continue
+        value = max(values.values())
+        if len(set(values.values())) > 1:
+            log.warning("%s differs between models %s; the process uses %s", attr, values, value)
+        late = "tensorflow" in sys.modules
+        os.environ[key] = str(value)
+        applied[key] = f"{value} (set after the engine started: takes effect on restart)" if late else str(value)
+    return applied
 
 
 def _tracers(deployment: DeploymentConfig) -> dict[str, Any]:

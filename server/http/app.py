@@ -332,6 +332,10 @@ def model_details(rt: ServingRuntime, name: str) -> dict:
         info["accepted_ignored"] = entry.config.foreign_keys(entry.raw_config)
         info["version_labels"] = entry.version_labels
         info["inference_threads"] = entry.threads
+        info["environment"] = rt.environment
+    tracer = rt.tracers.get(name)
+    if tracer is not None:
+        info["timeline"] = tracer.describe()
     served = manager.served_version()
     info["tf_serving_version"] = tfserving.version_number(served) if served is not None else None
     return info

@@ -57,10 +57,22 @@ def start_slow_requests(server, count: int) -> tuple[list, list[threading.Thread
     for t in threads:
         t.start()
     deadline = time.monotonic() + 30
-    while in_flight(server) < 1:
+    while in_flight(server) < count:  # all admitted: a request arriving after SIGTERM is refused
         assert time.monotonic() < deadline, "the slow requests never reached the server"
         time.sleep(0.01)
     return results, threads
+
+
+def wait_draining(server, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(server.http + "/readyz", timeout=5)
+        except urllib.error.HTTPError as err:
+            if err.code == 503 and json.loads(err.read())["draining"] is True:
+                return
+        assert time.monotonic() < deadline, "the server did not start draining"
+        time.sleep(0.02)
 
 
 @pytest.mark.timeout(120)
@@ -77,17 +89,12 @@ def test_sigterm_drains_in_flight_refuses_new_and_exits(toy_model, tmp_path):
 
         sent = time.monotonic()
         server.terminate()
-        time.sleep(0.2)  # let the signal land
+        wait_draining(server)  # readiness turns 503 as soon as the signal is handled
         # new requests are refused while the in-flight ones finish
         status, body = post(server.http + "/api/predict/toy", small)
         assert status == 503 and "shutting down" in json.loads(body)["error"]
         with urllib.request.urlopen(server.http + "/healthz", timeout=5) as resp:
             assert resp.status == 200  # alive while draining
-        try:
-            urllib.request.urlopen(server.http + "/readyz", timeout=5)
-            raise AssertionError("ready while draining")
-        except urllib.error.HTTPError as err:
-            assert err.code == 503 and json.loads(err.read())["draining"] is True
         from processor.proto import predict_pb2, processor_service_pb2_grpc
 
         with pytest.raises(grpc.RpcError) as info:
