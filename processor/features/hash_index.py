@@ -13,8 +13,13 @@ Overhead per key: 8 bytes of key plus 4 / load bytes of slot: 13.0 to 14.7 bytes
 number of keys (power-of-two tables would swing between 13.3 and 18.7).
 Keys are never removed (EmbeddingVariable tables only grow while served).
 
-Batch operations run probe rounds over all pending keys at once; each round is a few numpy
-fancy-index operations, and the number of rounds is the longest probe sequence in the batch.
+Batch operations run probe rounds over all pending keys at once: the first round probes each
+key's home slot, later rounds look at the next 16 slots of every key still pending in one 2-D
+gather, so a batch takes few rounds even though linear probing has long tails.
+
+**Identity mode.** While the keys are exactly ``0 .. n-1`` in row order (the rows of a plain 2-D
+variable), no arrays exist: ``find`` is a range check and the overhead is 0 bytes a key. The
+first insert that breaks the pattern builds the arrays.
 
 Thread safety: :meth:`find` may run in any number of threads at once, but not at the same time
 as :meth:`upsert` / :meth:`insert_new` (the stores guarantee this).
@@ -27,6 +32,7 @@ import numpy as np
 _MAX_LOAD = 0.8
 _TARGET_LOAD = 0.7
 _MIN_SLOTS = 16
+_WIDTH = 16  # slots a pending key looks at per later probe round
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -46,8 +52,10 @@ class HashIndex:
 
     def __init__(self, capacity: int = 0) -> None:
         self.size = 0
-        self._keys = np.empty(max(capacity, 0), np.int64)
-        self._slots = self._empty_slots(self._slot_count(capacity))
+        self._capacity = max(capacity, 0)
+        self.identity = True  # keys == arange(size): no arrays (see the module doc)
+        self._keys = np.empty(0, np.int64)
+        self._slots = np.empty(0, np.int32)
 
     # --- sizing -----------------------------------------------------------------------------
 
@@ -64,24 +72,37 @@ class HashIndex:
         return np.full(count, -1, np.int32 if count < 2**31 - 1 else np.int64)
 
     @property
-    def row_capacity(self) -> int:
-        return len(self._keys)
-
-    @property
     def nbytes(self) -> int:
         return int(self._keys.nbytes + self._slots.nbytes)
 
     def keys(self) -> np.ndarray:
-        """The keys in row order (a view; do not modify)."""
+        """The keys in row order (do not modify)."""
+        if self.identity:
+            return np.arange(self.size, dtype=np.int64)
         return self._keys[: self.size]
+
+    def _materialize(self, total_keys: int) -> None:
+        """Leave identity mode: build the arrays for the keys 0..size-1 and room for more."""
+        self.identity = False
+        self._keys = np.empty(0, np.int64)
+        self._slots = np.empty(0, np.int32)
+        size, self.size = self.size, 0
+        self.reserve(max(total_keys, size, self._capacity))
+        if size:
+            self._keys[:size] = np.arange(size, dtype=np.int64)
+            self._place(self._keys[:size], np.arange(size, dtype=np.int64))
+        self.size = size
 
     def reserve(self, total_keys: int) -> None:
         """Make room for ``total_keys`` keys without further growth."""
+        if self.identity:
+            self._capacity = max(self._capacity, total_keys)
+            return
         if total_keys > len(self._keys):
             grown = np.empty(total_keys, np.int64)
             grown[: self.size] = self._keys[: self.size]
             self._keys = grown
-        if total_keys > _MAX_LOAD * len(self._slots):
+        if total_keys > _MAX_LOAD * len(self._slots) or len(self._slots) == 0:
             self._slots = self._empty_slots(self._slot_count(total_keys))
             if self.size:
                 self._place(self._keys[: self.size], np.arange(self.size, dtype=np.int64))
@@ -91,24 +112,40 @@ class HashIndex:
     def find(self, keys: np.ndarray) -> np.ndarray:
         """Row of each key (int64), -1 where the key is absent."""
         q = np.ascontiguousarray(keys, dtype=np.int64).reshape(-1)
+        if self.identity:
+            return np.where((q >= 0) & (q < self.size), q, -1)
         out = np.full(q.size, -1, np.int64)
         if self.size == 0 or q.size == 0:
             return out
         slots, stored = self._slots, self._keys
         count = len(slots)
+        # Round 1: each key's home slot (most keys end here).
         pos = self._home(q)
-        idx = np.arange(q.size)
+        s = slots[pos].astype(np.int64, copy=False)
+        occupied = s >= 0
+        hit = occupied.copy()
+        hit[occupied] = stored[s[occupied]] == q[occupied]
+        out[hit] = s[hit]
+        idx = np.flatnonzero(occupied & ~hit)
+        pos = pos[idx] + 1
+        # Later rounds: the next _WIDTH slots of every pending key at once.
+        steps = np.arange(_WIDTH)
         while idx.size:
-            s = slots[pos].astype(np.int64, copy=False)
+            window = pos[:, None] + steps
+            window[window >= count] -= count
+            s = slots[window].astype(np.int64, copy=False)
             occupied = s >= 0
-            hit = occupied.copy()
-            hit[occupied] = stored[s[occupied]] == q[idx[occupied]]
-            if hit.any():
-                out[idx[hit]] = s[hit]
-            go_on = occupied & ~hit
+            match = np.zeros(s.shape, bool)
+            match[occupied] = stored[s[occupied]] == np.broadcast_to(q[idx][:, None], s.shape)[occupied]
+            stop = match | ~occupied
+            done = stop.any(axis=1)
+            first = stop.argmax(axis=1)
+            found = done & match[np.arange(idx.size), first]
+            out[idx[found]] = s[np.flatnonzero(found), first[found]]
+            go_on = ~done
             idx = idx[go_on]
-            pos = pos[go_on] + 1
-            pos[pos == count] = 0
+            pos = pos[go_on] + _WIDTH
+            pos[pos >= count] -= count
         return out
 
     # --- inserts ----------------------------------------------------------------------------
@@ -121,6 +158,11 @@ class HashIndex:
         if m == 0:
             return rows
         total = self.size + m
+        if self.identity:
+            if np.array_equal(keys, rows):
+                self.size = total
+                return rows
+            self._materialize(total)
         if total > len(self._keys):
             self.reserve(max(total, int(len(self._keys) * 1.5) + 16))
         elif total > _MAX_LOAD * len(self._slots):

@@ -43,6 +43,7 @@ PREFIX = b"sp1"
 SENTINEL = b"\x00ready"
 FIELD_DTYPE = np.dtype([("id", "<i8"), ("table", ">u4")])  # packed: 12 bytes
 DEFAULT_PARTITIONS = 32
+_RESP_FIELD = np.dtype([("head", "S5"), ("field", "V12"), ("end", "S2")])  # "$12\r\n" <field> "\r\n"
 
 
 def key_slot(key: bytes) -> int:
@@ -108,12 +109,29 @@ class KeyLayout:
         return (mix64(ids, salt=tid * 0x9E3779B1) % np.uint64(self.partitions)).astype(np.int64)
 
     @staticmethod
-    def fields(tids: np.ndarray, ids: np.ndarray) -> list[bytes]:
-        """The 12-byte hash field of each (table id, id)."""
+    def packed_fields(tids: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """The 12-byte hash field of each (table id, id), as a numpy ``V12`` array."""
         packed = np.empty(len(ids), FIELD_DTYPE)
         packed["id"] = ids
         packed["table"] = (np.asarray(tids, np.uint32) << np.uint32(8)) | np.uint32(1)
-        return packed.view("V12").tolist()
+        return packed.view("V12")
+
+    @classmethod
+    def fields(cls, tids: np.ndarray, ids: np.ndarray) -> list[bytes]:
+        """The 12-byte hash field of each (table id, id), as bytes."""
+        return cls.packed_fields(tids, ids).tolist()
+
+    @staticmethod
+    def pack_hmget(key: bytes, fields: np.ndarray) -> bytes:
+        """The RESP encoding of ``HMGET key <sentinel> <fields...>``, built without a Python object
+        per field (``fields`` from :meth:`packed_fields`)."""
+        head = b"*%d\r\n$5\r\nHMGET\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (
+            len(fields) + 3, len(key), key, len(SENTINEL), SENTINEL)
+        body = np.empty(len(fields), _RESP_FIELD)
+        body["head"] = b"$12\r\n"
+        body["field"] = fields
+        body["end"] = b"\r\n"
+        return head + body.tobytes()
 
     @staticmethod
     def values(rows: np.ndarray) -> list[bytes]:

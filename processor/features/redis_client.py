@@ -1,6 +1,7 @@
 """RedisNodes: connection pools per node and slot routing, for one Redis or a Redis Cluster.
 
-Commands are sent as ``(slot, args)``; :meth:`RedisNodes.execute` groups them by the node that
+Commands are sent as ``(slot, args)`` (``args`` a tuple, or bytes already RESP-encoded);
+:meth:`RedisNodes.execute` groups them by the node that
 owns the slot (one node for a single Redis), writes every node's batch first and then reads the
 replies, so the nodes work in parallel without threads and each node costs one round trip.
 
@@ -174,8 +175,8 @@ class RedisNodes:
                 pool = node.write_pool if write else node.read_pool
                 conn = pool.get_connection()
                 taken.append((pool, conn, node, idxs))
-                conn.send_packed_command(conn.pack_commands([commands[i][1] for i in idxs]),
-                                         check_health=False)
+                conn.send_packed_command([b"".join(_pack(conn, [commands[i][1] for i in idxs]))],
+                                         check_health=False)  # one sendall per node
             for _, conn, _, idxs in taken:
                 for i in idxs:
                     try:
@@ -212,6 +213,24 @@ class RedisNodes:
     def close(self) -> None:
         for node in list(self._nodes.values()):
             node.close()
+
+
+def _pack(conn, commands: list) -> list[bytes]:
+    """RESP bytes of ``commands``: argument tuples are packed by redis-py, ``bytes`` are already
+    RESP-encoded (see :meth:`~.key_layout.KeyLayout.pack_hmget`)."""
+    out: list[bytes] = []
+    plain: list[tuple] = []
+    for cmd in commands:
+        if isinstance(cmd, bytes):
+            if plain:
+                out.extend(conn.pack_commands(plain))
+                plain = []
+            out.append(cmd)
+        else:
+            plain.append(cmd)
+    if plain:
+        out.extend(conn.pack_commands(plain))
+    return out
 
 
 def _is_redirect(result: Any) -> bool:

@@ -102,12 +102,12 @@ class RedisVersionTables:
         parts = np.concatenate(part_parts)
         order = np.argsort(parts, kind="stable")
         counts = np.bincount(parts, minlength=layout.partitions)
-        fields = layout.fields(np.concatenate(tid_parts)[order], ids[order])
+        fields = layout.packed_fields(np.concatenate(tid_parts)[order], ids[order])
         commands = []
         pos = 0
         for p in np.flatnonzero(counts).tolist():
             c = int(counts[p])
-            commands.append((int(self.slots[p]), ("HMGET", self.keys[p], SENTINEL, *fields[pos: pos + c])))
+            commands.append((int(self.slots[p]), layout.pack_hmget(self.keys[p], fields[pos: pos + c])))
             pos += c
         replies = store.run(commands)
         flat_sorted: list[bytes | None] = []

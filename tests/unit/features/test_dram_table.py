@@ -55,3 +55,14 @@ def test_empty_table_and_bad_rows():
     np.testing.assert_array_equal(table.lookup(np.array([1, 2])), np.zeros((2, 3)))
     with pytest.raises(ValueError, match="expected"):
         table.upsert(RowChunk(np.array([1]), np.zeros((1, 4), np.float32)))
+
+
+def test_identity_mode_for_the_rows_of_a_plain_variable():
+    index = HashIndex(1000)
+    for start in range(0, 1000, 300):
+        index.upsert(np.arange(start, min(start + 300, 1000)))
+    assert index.identity and index.nbytes == 0
+    assert index.find(np.array([0, 999, 1000, -1])).tolist() == [0, 999, -1, -1]
+    rows, new = index.upsert(np.array([5, -7, 2000]))  # ids outside 0..n-1: the arrays are built
+    assert new == 2 and not index.identity and rows.tolist() == [5, 1000, 1001]
+    assert index.find(np.array([999, -7, 2000, 3000])).tolist() == [999, 1000, 1001, -1]
