@@ -146,7 +146,8 @@ def encode_response(outputs: dict[str, np.ndarray]) -> bytes:
     response = predict_pb2.PredictResponse()
     for key, array in outputs.items():
         fill_proto(response.outputs[key], array)
-    return response.SerializeToString()
+    # Deterministic: map order must not depend on the process (hosts compare bytes).
+    return response.SerializeToString(deterministic=True)
 
 
 def encode_request(inputs: dict[str, np.ndarray], output_filter: list[str] | None = None,

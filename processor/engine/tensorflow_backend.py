@@ -42,7 +42,7 @@ def _tf():
 def _signature_from_def(name: str, sig_def) -> Signature:
     def specs(infos) -> dict[str, TensorSpec]:
         out = {}
-        for alias, info in infos.items():
+        for alias, info in sorted(infos.items()):  # map order varies by process
             shape = None if info.tensor_shape.unknown_rank else tuple(d.size for d in info.tensor_shape.dim)
             out[alias] = TensorSpec(alias, info.name, int(info.dtype), shape)
         return out

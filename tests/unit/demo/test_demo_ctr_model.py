@@ -28,16 +28,16 @@ def _describe(infos):
     }
 
 
-def test_signature(small_ctr, load_model):
-    model = load_model(small_ctr.savedmodel_dir)
+def test_signature(ctr_model_small, load_model):
+    model = load_model(ctr_model_small.savedmodel_dir)
     assert model.signature.method_name == "tensorflow/serving/predict"
     assert _describe(model.signature.inputs) == EXPECTED_INPUTS
     assert _describe(model.signature.outputs) == EXPECTED_OUTPUTS
     assert model.meta_graph.saver_def.restore_op_name
 
 
-def test_outputs_are_probabilities_for_any_ids(small_ctr, load_model):
-    model = load_model(small_ctr.savedmodel_dir)
+def test_outputs_are_probabilities_for_any_ids(ctr_model_small, load_model):
+    model = load_model(ctr_model_small.savedmodel_dir)
     feeds = synthetic_batch(64, seed=7)
     extreme = np.iinfo(np.int64)
     feeds["sparse_ids"][:3] = [[extreme.min], [extreme.max], [-1]]
@@ -53,49 +53,49 @@ def test_outputs_are_probabilities_for_any_ids(small_ctr, load_model):
     np.testing.assert_array_equal(model.run(feeds)["probability"], probability)
 
 
-def test_saver_def_restores_each_version(small_ctr, load_model):
-    model = load_model(small_ctr.savedmodel_dir)
+def test_saver_def_restores_each_version(ctr_model_small, load_model):
+    model = load_model(ctr_model_small.savedmodel_dir)
     exported = model.variable_values()
     feeds = synthetic_batch(32, seed=3)
     exported_prediction = model.run(feeds)["probability"]
 
-    model.restore(small_ctr.checkpoint_prefixes[0])
+    model.restore(ctr_model_small.checkpoint_prefixes[0])
     older = model.variable_values()
     assert older.keys() == exported.keys()
     assert any(not np.array_equal(older[name], exported[name]) for name in exported)
     assert not np.allclose(model.run(feeds)["probability"], exported_prediction)
 
-    model.restore(small_ctr.latest_checkpoint_prefix)
+    model.restore(ctr_model_small.latest_checkpoint_prefix)
     newest = model.variable_values()
     for name, value in exported.items():
         np.testing.assert_array_equal(newest[name], value, err_msg=name)
     np.testing.assert_array_equal(model.run(feeds)["probability"], exported_prediction)
 
 
-def test_files_laid_out_as_designed(small_ctr):
+def test_files_laid_out_as_designed(ctr_model_small):
     spec = get_preset("small")
-    assert small_ctr.checkpoint_dir == small_ctr.out_dir / "checkpoints"
-    assert small_ctr.run_dir == small_ctr.checkpoint_dir / "run_1"
-    assert small_ctr.steps == [spec.steps_per_version, 2 * spec.steps_per_version]
-    assert small_ctr.checkpoint_prefixes == [small_ctr.run_dir / f"model.ckpt-{s}" for s in small_ctr.steps]
+    assert ctr_model_small.checkpoint_dir == ctr_model_small.out_dir / "checkpoints"
+    assert ctr_model_small.run_dir == ctr_model_small.checkpoint_dir / "run_1"
+    assert ctr_model_small.steps == [spec.steps_per_version, 2 * spec.steps_per_version]
+    assert ctr_model_small.checkpoint_prefixes == [ctr_model_small.run_dir / f"model.ckpt-{s}" for s in ctr_model_small.steps]
 
-    assert (small_ctr.savedmodel_dir / "saved_model.pb").is_file()
-    assert (small_ctr.savedmodel_dir / "variables" / "variables.index").is_file()
-    run_files = sorted(p.name for p in small_ctr.run_dir.iterdir())
+    assert (ctr_model_small.savedmodel_dir / "saved_model.pb").is_file()
+    assert (ctr_model_small.savedmodel_dir / "variables" / "variables.index").is_file()
+    run_files = sorted(p.name for p in ctr_model_small.run_dir.iterdir())
     expected = ["checkpoint"]
-    for step in small_ctr.steps:
+    for step in ctr_model_small.steps:
         expected += [f"model.ckpt-{step}.data-00000-of-00001", f"model.ckpt-{step}.index"]
     assert run_files == sorted(expected)  # no temporary leftovers, no .meta files
 
-    state = tf.train.get_checkpoint_state(str(small_ctr.run_dir))
-    assert state.model_checkpoint_path == str(small_ctr.latest_checkpoint_prefix)
-    assert list(state.all_model_checkpoint_paths) == [str(p) for p in small_ctr.checkpoint_prefixes]
-    assert '"model.ckpt-' in (small_ctr.run_dir / "checkpoint").read_text()  # relative paths
+    state = tf.train.get_checkpoint_state(str(ctr_model_small.run_dir))
+    assert state.model_checkpoint_path == str(ctr_model_small.latest_checkpoint_prefix)
+    assert list(state.all_model_checkpoint_paths) == [str(p) for p in ctr_model_small.checkpoint_prefixes]
+    assert '"model.ckpt-' in (ctr_model_small.run_dir / "checkpoint").read_text()  # relative paths
 
 
-def test_checkpoints_hold_only_model_variables(small_ctr):
+def test_checkpoints_hold_only_model_variables(ctr_model_small):
     spec = get_preset("small")
-    stored = dict(tf.train.list_variables(str(small_ctr.latest_checkpoint_prefix)))
+    stored = dict(tf.train.list_variables(str(ctr_model_small.latest_checkpoint_prefix)))
     tables = {t.name: [t.rows, t.dim] for t in spec.tables}
     assert {name: stored[name] for name in tables} == tables
     dense = set(stored) - set(tables)
@@ -105,11 +105,11 @@ def test_checkpoints_hold_only_model_variables(small_ctr):
     }  # fmt: skip
 
 
-def test_model_card(small_ctr):
-    card = read_model_card(small_ctr.out_dir)
+def test_model_card(ctr_model_small):
+    card = read_model_card(ctr_model_small.out_dir)
     spec = get_preset("small")
     assert card["preset"] == "small"
-    assert card["steps"] == small_ctr.steps
+    assert card["steps"] == ctr_model_small.steps
     assert [(t["name"], t["rows"], t["dim"]) for t in card["tables"]] == [
         (t.name, t.rows, t.dim) for t in spec.tables
     ]

@@ -46,18 +46,18 @@ def test_ensure_toy_model_builds_once_per_flavour(tmp_path):
     assert forced == tf2
 
 
-def test_ensure_demo_model_reuses_a_matching_build(small_ctr):
-    pb = small_ctr.savedmodel_dir / "saved_model.pb"
+def test_ensure_demo_model_reuses_a_matching_build(ctr_model_small):
+    pb = ctr_model_small.savedmodel_dir / "saved_model.pb"
     before = pb.stat().st_mtime_ns
-    assert ensure_demo_model(small_ctr.out_dir, preset="small") == small_ctr
+    assert ensure_demo_model(ctr_model_small.out_dir, preset="small") == ctr_model_small
     assert pb.stat().st_mtime_ns == before
 
 
-def test_model_configs(small_ctr, tmp_path):
-    config = demo_model_config(small_ctr)
+def test_model_configs(ctr_model_small, tmp_path):
+    config = demo_model_config(ctr_model_small)
     assert config == {
-        "savedmodel_dir": str(small_ctr.savedmodel_dir),
-        "checkpoint_dir": str(small_ctr.checkpoint_dir),
+        "savedmodel_dir": str(ctr_model_small.savedmodel_dir),
+        "checkpoint_dir": str(ctr_model_small.checkpoint_dir),
         **EXPECTED_SETTINGS,
     }
     toy = ensure_toy_model(tmp_path / "toy")
@@ -68,14 +68,14 @@ def test_model_configs(small_ctr, tmp_path):
     }
 
 
-def test_cli(small_ctr, tmp_path, capsys):
+def test_cli(ctr_model_small, tmp_path, capsys):
     assert main(["toy", "--out", str(tmp_path / "toy"), "--tf2"]) == 0
     toy = json.loads(capsys.readouterr().out)
     assert toy["steps"] == [1]
     assert toy["model_config"]["savedmodel_dir"] == str(tmp_path / "toy" / "savedmodel")
     assert read_model_card(tmp_path / "toy")["format"] == "tf2"
 
-    assert main(["build", "--out", str(small_ctr.out_dir), "--preset", "small"]) == 0
+    assert main(["build", "--out", str(ctr_model_small.out_dir), "--preset", "small"]) == 0
     built = json.loads(capsys.readouterr().out)
-    assert built["latest_checkpoint_prefix"] == str(small_ctr.latest_checkpoint_prefix)
-    assert built["model_config"] == demo_model_config(small_ctr)
+    assert built["latest_checkpoint_prefix"] == str(ctr_model_small.latest_checkpoint_prefix)
+    assert built["model_config"] == demo_model_config(ctr_model_small)
