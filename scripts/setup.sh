@@ -10,10 +10,19 @@ cd "$(dirname "$0")/.."
 py=${SP_PYTHON:-$(command -v python3.11 || command -v python3)}
 extras=${SP_EXTRAS:-cpu,server,dev}
 
-# redis-server + redis-cli: the Redis feature store's tests and benchmarks start their own.
-if ! command -v redis-server >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  echo "[setup] installing redis-server"
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+# System packages from Debian: the native build's toolchain, and redis-server + redis-cli (the
+# Redis feature store's tests and benchmarks start their own servers).
+missing=()
+for tool in cmake:cmake g++:g++ make:make redis-server:redis-server redis-cli:redis-tools; do
+  command -v "${tool%%:*}" >/dev/null 2>&1 || missing+=("${tool##*:}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] installing ${missing[*]}"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  else
+    echo "[setup] missing system packages: ${missing[*]} (install them with apt-get as root)" >&2
+  fi
 fi
 
 if [ ! -x .venv/bin/python ]; then
