@@ -58,8 +58,16 @@ class ServingApp:
     # --- run --------------------------------------------------------------------------------
 
     def run(self) -> int:
-        """Serve until SIGTERM/SIGINT; return the process exit status."""
-        return asyncio.run(self.serve())
+        """Serve until SIGTERM/SIGINT; return the process exit status.
+
+        Uses uvloop's event loop when it is installed (the server extra installs it).
+        """
+        try:
+            import uvloop
+        except ImportError:
+            return asyncio.run(self.serve())
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(self.serve())
 
     async def serve(self) -> int:
         dep = self.deployment
@@ -115,8 +123,8 @@ class ServingApp:
         config = uvicorn.Config(
             create_http_app(self.runtime), log_config=None, access_log=False, lifespan="off",
             timeout_keep_alive=30, timeout_graceful_shutdown=max(1, int(self.deployment.drain_timeout_seconds)),
-            server_header=False, http="h11" if not _has("httptools") else "httptools",
-            loop="asyncio", proxy_headers=False)
+            server_header=False, http="httptools" if _has("httptools") else "h11",
+            proxy_headers=False)
         return _Server(config)
 
     def _write_ports(self) -> None:
