@@ -1,0 +1,261 @@
+"""Feature store benchmark: lookup speed per store, memory per key, end-to-end requests/s.
+
+    .venv/bin/python -m benchmarks.bench_features [--rows 500000] [--seconds 3] [--memory-keys 10000000]
+
+1. Lookup of a batch of 4,096 ids (Zipf-like: a few hot ids, a long tail; 2 % unknown ids) in one
+   64-dim table of ``--rows`` rows: ids/s and p99 per batch for the DRAM store, DRAM+SSD with a
+   DRAM budget of a quarter of the table, one redis-server, a 3-node Redis Cluster (servers on
+   127.0.0.1, started and stopped here). One calling thread; a batch = one ``lookup`` call.
+2. Memory per key of the DRAM store for ``--memory-keys`` keys x 64 dims: bytes the arrays hold
+   and the growth of the process RSS, minus the 256 bytes of floats per key.
+3. End-to-end: the demo CTR model (small preset, 26 tables) through ``Processor.process`` with the
+   tables in TensorFlow variables, the DRAM store, Redis and Redis Cluster: requests/s and
+   latency for batches of 256 from 2 threads.
+
+Writes benchmarks/results/features.json and .md. Timings are this machine's (2 cores shared by the
+Python client and the Redis servers): compare rows of one run, not runs of different machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import memory_of, run_threads, write_results  # noqa: E402
+from processor.features.dram_store import DramTable  # noqa: E402
+from processor.features.feature_store import RowChunk, TableSpec  # noqa: E402
+from processor.features.local_redis import LocalRedis, LocalRedisCluster  # noqa: E402
+
+BATCH = 4096
+DIM = 64
+
+
+class _Source:
+    """A TableSource over one in-memory table."""
+
+    def __init__(self, name: str, keys: np.ndarray, values: np.ndarray) -> None:
+        self.name, self.keys, self.values = name, keys, values
+        self.full_prefix, self.delta_prefix, self.delta_step = "bench://", "", -1
+
+    def row_count(self, specs) -> int:
+        return len(self.keys)
+
+    def rows(self, specs, chunk_rows: int = 65536):
+        for s in range(0, len(self.keys), chunk_rows):
+            yield self.name, RowChunk(self.keys[s:s + chunk_rows], self.values[s:s + chunk_rows])
+
+
+def _batches(keys: np.ndarray, count: int, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    n = len(keys)
+    out = []
+    for _ in range(count):
+        ranks = np.floor(np.exp(rng.random(BATCH) * np.log(n))).astype(np.int64) - 1  # log-uniform
+        batch = keys[ranks]
+        unknown = rng.random(BATCH) < 0.02
+        batch[unknown] = rng.integers(2**62, 2**63 - 1, int(unknown.sum()))
+        out.append(batch)
+    return out
+
+
+def bench_lookups(rows: int, seconds: float) -> dict:
+    rng = np.random.default_rng(0)
+    keys = rng.choice(2**40, rows, replace=False).astype(np.int64) - 2**39
+    values = rng.standard_normal((rows, DIM)).astype(np.float32)
+    name = "emb/bench"
+    spec = TableSpec(name, DIM, "raw", rows)
+    batches = _batches(keys, 64, 1)
+    index = {int(k): i for i, k in enumerate(keys[:1000].tolist())}
+    results = {}
+
+    def measure(label: str, lookup, extra=None) -> None:
+        got = lookup(batches[0])
+        for j, k in enumerate(batches[0][:200].tolist()):  # spot check: the rows are right
+            if k in index:
+                assert np.array_equal(got[j], values[index[k]]), label
+        r = run_threads(lambda i, c=[0]: lookup(batches[(c.__setitem__(0, c[0] + 1) or c[0]) % len(batches)]),
+                        threads=1, seconds=seconds, warmup_calls=5)
+        results[label] = {"ids_per_s": r["calls_per_s"] * BATCH, "batches_per_s": r["calls_per_s"],
+                          "p50_ms": r["p50_us"] / 1e3, "p99_ms": r["p99_us"] / 1e3, **(extra() if extra else {})}
+        print(f"  {label}: {results[label]['ids_per_s'] / 1e6:.2f} M ids/s, p99 {results[label]['p99_ms']:.2f} ms",
+              flush=True)
+
+    # DRAM
+    from processor.features.dram_store import DramStore
+    from processor.features.redis_client import RedisNodes
+    from processor.features.redis_store import RedisStore
+    from processor.features.redis_url import parse_redis_url
+    from processor.features.tiered_store import TieredStore
+
+    src = _Source(name, keys, values)
+    vt = DramStore().open_version("v1", {name: spec}, src)
+    measure("dram", lambda b: vt.lookup([(name, b)])[0])
+    vt.release()
+    # DRAM + SSD, a quarter of the table in DRAM
+    with tempfile.TemporaryDirectory(prefix="bench-ssd-") as root:
+        store = TieredStore(root, dram_bytes=values.nbytes // 4)
+        vt = store.open_version("v1", {name: spec}, src)
+        table = vt.tables[name]
+
+        def hit_rate():
+            s = table.stats.extra
+            return {"cache_hit_rate": s["cache_hits"] / max(1, s["cache_hits"] + s["ssd_reads"]),
+                    "dram_cache_bytes": table.nbytes()["dram_cache"], "table_bytes": int(values.nbytes)}
+
+        measure("dram_ssd (DRAM = 1/4 of the table)", lambda b: vt.lookup([(name, b)])[0], hit_rate)
+        vt.release()
+        store.close()
+    # Redis, one node and a cluster
+    for label, make in (("redis (1 node)", lambda: LocalRedis()), ("redis cluster (3 nodes)", lambda: LocalRedisCluster(3))):
+        server = make()
+        try:
+            cluster = isinstance(server, LocalRedisCluster)
+            nodes = RedisNodes(parse_redis_url(server.url, cluster=cluster), None, 4, 2, cluster)
+            store = RedisStore("cluster_redis" if cluster else "redis", nodes, "bench", 600, 2)
+            nodes.refresh()
+            started = time.perf_counter()
+            vt = store.open_version("v1", {name: spec}, src)
+            load_s = time.perf_counter() - started
+            measure(label, lambda b: vt.lookup([(name, b)])[0],
+                    lambda: {"load_rows_per_s": rows / load_s, "commands_per_batch":
+                             vt.stats.extra["redis_commands"] / max(1, vt.stats.lookups)})
+            store.close()
+        finally:
+            server.close()
+    return {"rows": rows, "dim": DIM, "batch": BATCH, "distribution": "log-uniform ranks, 2% unknown ids",
+            "stores": results}
+
+
+def _malloc_trim() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
+
+
+def bench_memory(keys_count: int) -> dict:
+    gc.collect()
+    _malloc_trim()
+    before = memory_of()["rss_mib"]
+    spec = TableSpec("emb/mem", DIM, "raw", keys_count)
+    table = DramTable(spec, capacity=keys_count)
+    rng = np.random.default_rng(5)
+    chunk = 1_000_000
+    started = time.perf_counter()
+    for s in range(0, keys_count, chunk):
+        n = min(chunk, keys_count - s)
+        keys = rng.integers(-2**63, 2**63 - 1, n, dtype=np.int64)
+        table.upsert(RowChunk(keys, np.ones((n, DIM), np.float32)))
+    load_s = time.perf_counter() - started
+    gc.collect()
+    _malloc_trim()  # give back the load's freed temporaries, so RSS shows what the table holds
+    after = memory_of()["rss_mib"]
+    nbytes = table.nbytes()
+    floats = keys_count * DIM * 4
+    probe = _batches(table.index.keys(), 20, 9)
+    t0 = time.perf_counter()
+    for b in probe:
+        table.lookup(b)
+    lookup_s = (time.perf_counter() - t0) / len(probe)
+    out = {"keys": table.size, "dim": DIM, "load_seconds": round(load_s, 2),
+           "array_bytes": nbytes, "overhead_bytes_per_key_arrays": (sum(nbytes.values()) - floats) / table.size,
+           "rss_growth_mib": after - before,
+           "overhead_bytes_per_key_rss": ((after - before) * 2**20 - floats) / table.size,
+           "freq_version_metadata_bytes_per_key": 8,
+           "lookup_4096_ms_at_this_size": lookup_s * 1e3}
+    del table
+    gc.collect()
+    print(f"  memory: {out['overhead_bytes_per_key_arrays']:.2f} B/key over the floats (arrays), "
+          f"{out['overhead_bytes_per_key_rss']:.2f} B/key (RSS)", flush=True)
+    return out
+
+
+def bench_end_to_end(seconds: float) -> dict:
+    from demo.ctr_model import build_ctr_model
+    from demo.synthetic_data import synthetic_batch
+    from processor import codec
+    from processor.processor import Processor
+
+    work = Path(tempfile.mkdtemp(prefix="bench-features-"))
+    paths = build_ctr_model(work / "model", preset="small", versions=1)
+    request = codec.encode_request(synthetic_batch(256, 7))
+    base = {"savedmodel_dir": str(paths.savedmodel_dir), "checkpoint_dir": str(paths.checkpoint_dir),
+            "session_num": 2, "inter_op_parallelism_threads": 1, "intra_op_parallelism_threads": 1,
+            "file_system_poll_wait_seconds": 0}
+    out = {}
+    reference = None
+    redis, cluster = LocalRedis(), LocalRedisCluster(3)
+    try:
+        cases = [("tensorflow variables", {}), ("dram store", {"ev_storage_type": 1}),
+                 ("redis (1 node)", {"feature_store_type": "redis", "redis_url": redis.url}),
+                 ("redis cluster (3 nodes)", {"feature_store_type": "cluster_redis", "redis_url": cluster.url})]
+        for label, extra in cases:
+            p = Processor.create(label.split()[0], json.dumps({**base, **extra}))
+            try:
+                status, body = p.process(request)
+                assert status == 200, body
+                logits = codec.decode_response(body)["logits"]
+                reference = logits if reference is None else reference
+                assert np.allclose(logits, reference, rtol=1e-5, atol=1e-6), label
+                r = run_threads(lambda i: p.process(request), threads=2, seconds=seconds)
+                out[label] = {"requests_per_s": r["calls_per_s"], "p50_ms": r["p50_us"] / 1e3,
+                              "p99_ms": r["p99_us"] / 1e3}
+                print(f"  e2e {label}: {r['calls_per_s']:.0f} req/s, p99 {r['p99_us'] / 1e3:.2f} ms", flush=True)
+            finally:
+                p.close()
+    finally:
+        redis.close()
+        cluster.close()
+    return {"model": "demo CTR, small preset (26 tables)", "batch": 256, "threads": 2, "cases": out}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=500_000)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--memory-keys", type=int, default=10_000_000)
+    args = parser.parse_args()
+    print("memory:", flush=True)
+    memory = bench_memory(args.memory_keys)  # first: RSS growth is read in a fresh process
+    print("lookups:", flush=True)
+    lookups = bench_lookups(args.rows, args.seconds)
+    print("end to end:", flush=True)
+    e2e = bench_end_to_end(args.seconds)
+    payload = {"machine": {"cpus": os.cpu_count()}, "lookup": lookups, "memory": memory, "end_to_end": e2e}
+    lines = [f"# Feature store benchmark\n",
+             f"Lookup of {BATCH} ids in a {args.rows:,} x {DIM} table, one thread:\n",
+             "| store | M ids/s | p50 ms | p99 ms | notes |", "|---|---|---|---|---|"]
+    for label, r in lookups["stores"].items():
+        notes = []
+        if "cache_hit_rate" in r:
+            notes.append(f"DRAM cache hit rate {r['cache_hit_rate']:.2f}")
+        if "commands_per_batch" in r:
+            notes.append(f"{r['commands_per_batch']:.0f} HMGET per batch, load {r['load_rows_per_s'] / 1e3:.0f}k rows/s")
+        lines.append(f"| {label} | {r['ids_per_s'] / 1e6:.2f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {'; '.join(notes)} |")
+    lines += ["", f"DRAM store memory, {memory['keys']:,} keys x {DIM} dims: "
+              f"{memory['overhead_bytes_per_key_arrays']:.2f} bytes/key beyond the floats in its arrays, "
+              f"{memory['overhead_bytes_per_key_rss']:.2f} bytes/key by RSS growth "
+              f"(+8 bytes/key when freq/version metadata is kept); load {memory['load_seconds']} s, "
+              f"a 4096-id lookup {memory['lookup_4096_ms_at_this_size']:.2f} ms.", "",
+              f"End to end ({e2e['model']}, batch {e2e['batch']}, {e2e['threads']} threads):", "",
+              "| embeddings in | requests/s | p50 ms | p99 ms |", "|---|---|---|---|"]
+    for label, r in e2e["cases"].items():
+        lines.append(f"| {label} | {r['requests_per_s']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} |")
+    write_results("features", payload, "\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
