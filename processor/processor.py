@@ -58,7 +58,11 @@ class Processor:
         """
         config = ModelConfig.from_json(model_config)
         processor = cls(model_entry or DEFAULT_MODEL_NAME, config, json.loads(model_config))
-        processor.manager.start()
+        try:
+            processor.manager.start()
+        except BaseException:
+            processor.close()  # stops the watcher, feature-store probes and the tracer's writer
+            raise
         return processor
 
     def process(self, data: bytes) -> tuple[int, bytes]:
