@@ -19,6 +19,7 @@ import sys
 from processor.errors import ConfigError
 
 from .app import ServingApp, configure
+from .runtime import tune_gc
 
 log = logging.getLogger("server")
 
@@ -115,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"serving-processor: bad config: {exc.message}", file=sys.stderr)
         return 2
+    app.runtime.on_model_ready.append(lambda name: tune_gc())
     if not args.config:
         def announce_demo(name: str) -> None:
             curl = example_request(app, name)

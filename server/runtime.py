@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import gc
 import logging
 import os
 import sys
@@ -215,6 +216,20 @@ class ServingRuntime:
                 log.exception("closing model %s failed", manager.name)
         for tracer in self.tracers.values():
             tracer.close()  # writes the traces still queued
+
+
+def tune_gc() -> None:
+    """Keep Python's garbage collector off the request path's tail.
+
+    TensorFlow and a loaded model leave millions of long-lived objects; every full collection
+    walks them all (100+ ms pauses that show up as p99 on JSON requests, which allocate many
+    short-lived objects). Freezing moves what exists now out of the collector's reach; a larger
+    first-generation threshold makes collections rarer. The server process calls it after each
+    model loads (``python -m server``); it changes process-wide state, so a library user opts in.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
 
 
 def _apply_environment(deployment: DeploymentConfig) -> dict[str, str]:

@@ -34,31 +34,28 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from processor.errors import InvalidArgument, ProcessorError, StatusCode, Unavailable, as_processor_error
+from processor.errors import InvalidArgument, ProcessorError, Unavailable
 
 from .. import tfserving
 from ..logs import new_request_id, request_id_var
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..runtime import ServingRuntime
-from . import tfs_json
-from .body import read_body
+from .predict import PROTOBUF, PredictRoutes, Reply, error_reply
 
 log = logging.getLogger("server.http")
 
-PROTOBUF = "application/x-protobuf"
-_PREDICT_PATH = re.compile(
-    r"^/v1/models/([^/:]+)(?:/versions/(\d+)|/labels/([^/:]+))?:(classify|regress|predict)$", re.I)
 _STATUS_PATH = re.compile(
     r"^/v1/models(?:/([^/:]+))?(?:/versions/(\d+)|/labels/([^/:]+))?(?:/(metadata))?$", re.I)
 _V1_PREFIX = re.compile(r"^/v1/models", re.I)
 
 
-def error_response(exc: BaseException) -> JSONResponse:
-    """The one mapping of an error to HTTP: STATUS_TABLE's status and ``{"error": message}``."""
-    err = as_processor_error(exc)
-    if err.code == StatusCode.INTERNAL and not isinstance(exc, ProcessorError):
-        log.error("internal error", exc_info=exc)
-    return JSONResponse({"error": err.message}, status_code=err.edge.http)
+def error_response(exc: BaseException) -> Response:
+    """An error as ``{"error": message}`` with STATUS_TABLE's HTTP status (see predict.error_reply)."""
+    return as_response(error_reply(exc))
+
+
+def as_response(reply: Reply) -> Response:
+    return Response(reply.body, status_code=reply.status, media_type=reply.content_type)
 
 
 class PinBody(BaseModel):
@@ -80,7 +77,8 @@ def create_http_app(rt: ServingRuntime) -> Any:
         redoc_url=None,
         openapi_url="/openapi.json" if dep.enable_docs else None,
     )
-    limit = dep.max_request_bytes
+
+    predict = PredictRoutes(rt)
 
     async def serve(model: str, api: str, work: Callable[[], Awaitable[Response]]) -> Response:
         try:
@@ -95,11 +93,11 @@ def create_http_app(rt: ServingRuntime) -> Any:
     # --- errors raised outside handlers (routing, validation) --------------------------------
 
     @app.exception_handler(ProcessorError)
-    async def _processor_error(_: Request, exc: ProcessorError) -> JSONResponse:
+    async def _processor_error(_: Request, exc: ProcessorError) -> Response:
         return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation_error(_: Request, exc: RequestValidationError) -> Response:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
         return error_response(InvalidArgument(f"bad request: {problems}"))
 
@@ -117,14 +115,8 @@ def create_http_app(rt: ServingRuntime) -> Any:
                   "serialized tensorflow.eas.PredictRequest; empty: returns the signature as JSON"}},
               responses={200: {"content": {PROTOBUF: {}}, "description": "serialized PredictResponse"}})
     async def eas_predict(model: str, request: Request) -> Response:
-        async def work() -> Response:
-            body = await read_body(request, limit)
-            if not body:
-                sig = await rt.run(model, rt.dataplane.signature, model)
-                return JSONResponse(sig)
-            out = await rt.run(model, rt.dataplane.predict, model, body)
-            return Response(out, media_type=PROTOBUF)
-        return await serve(model, "predict", work)
+        # RequestContext answers these requests itself (PredictRoutes); this route documents them
+        return as_response(await predict.eas(model, request.receive, request.scope["headers"]))
 
     @app.get("/api/models", tags=["processor"], summary="Served models and their states")
     async def list_models() -> dict:
@@ -140,7 +132,7 @@ def create_http_app(rt: ServingRuntime) -> Any:
     # --- TensorFlow Serving REST -------------------------------------------------------------
 
     @app.get("/v1/models", tags=["tensorflow-serving"], include_in_schema=False)
-    async def tfs_no_model() -> JSONResponse:
+    async def tfs_no_model() -> Response:
         return error_response(InvalidArgument("Missing model name in request."))
 
     @app.post("/v1/models/{path:path}", tags=["tensorflow-serving"],
@@ -152,16 +144,8 @@ def create_http_app(rt: ServingRuntime) -> Any:
                       "inputs": {"description": "columnar format: a tensor or {input: tensor}"}}},
                   "example": {"instances": [{"x": [1.0]}]}}}}})
     async def tfs_post(path: str, request: Request) -> Response:
-        m = _PREDICT_PATH.match(request.url.path)
-        if m is None:
-            return error_response(InvalidArgument(f"Malformed request: POST {request.url.path}"))
-        name, version, label, method = m.group(1), m.group(2), m.group(3), m.group(4).lower()
-
-        async def work() -> Response:
-            body = await read_body(request, limit)
-            out = await rt.run(name, tfs_predict, rt, name, _int(version), label, method, body)
-            return Response(out, media_type="application/json")
-        return await serve(name, f"tfs_{method}", work)
+        # RequestContext answers predict URLs itself (PredictRoutes); others end here
+        return as_response(await predict.tfs(request.url.path, request.receive, request.scope["headers"]))
 
     @app.get("/v1/models/{path:path}", tags=["tensorflow-serving"],
              summary="TF Serving status / metadata: /v1/models/{name}[/versions/{v}|/labels/{l}][/metadata]")
@@ -269,7 +253,7 @@ def create_http_app(rt: ServingRuntime) -> Any:
     async def admin_unpin(model: str, request: Request) -> Response:
         return await admin(request, model, "unpin", lambda: rt.unpin(model))
 
-    return RequestContext(app)
+    return RequestContext(app, predict)
 
 
 # --- TF Serving handlers (run on the model's thread pool) -------------------------------------
@@ -286,24 +270,6 @@ def _served(rt: ServingRuntime, name: str):
 def _labels(rt: ServingRuntime, name: str) -> dict[str, int]:
     entry = rt.entries.get(name)
     return entry.version_labels if entry is not None else {}
-
-
-def tfs_predict(rt: ServingRuntime, name: str, version: int | None, label: str | None, method: str,
-                body: bytes) -> bytes:
-    wanted = tfserving.requested_version(name, version, label, _labels(rt, name))
-    signature, served = _served(rt, name)
-    tfserving.check_served(name, served, wanted)
-    if method != "predict":
-        raise InvalidArgument(f"Expected {method} signature method_name to be "
-                              f"tensorflow/serving/{method}. Was: {signature.method}")
-    doc = tfs_json.parse_body(body)
-    requested_sig = doc.get("signature_name", "")
-    if not isinstance(requested_sig, str):
-        raise InvalidArgument("'signature_name' must be a string")
-    tfserving.check_signature_name(requested_sig, signature)
-    arrays, fmt = tfs_json.decode_predict(doc, signature)
-    outputs = rt.dataplane.predict_arrays(name, arrays)
-    return tfs_json.encode_predict(outputs, fmt)
 
 
 def tfs_status(rt: ServingRuntime, name: str, version: int | None, label: str | None) -> dict:
@@ -342,11 +308,13 @@ def model_details(rt: ServingRuntime, name: str) -> dict:
 
 
 class RequestContext:
-    """ASGI middleware: request id (``X-Request-ID`` in and out), case-insensitive ``/v1/models``."""
+    """ASGI middleware: request id (``X-Request-ID`` in and out), case-insensitive ``/v1/models``,
+    and the predict hot path (POSTs to predict URLs go straight to :class:`PredictRoutes`)."""
 
-    def __init__(self, app: FastAPI) -> None:
+    def __init__(self, app: FastAPI, predict: PredictRoutes) -> None:
         self.app = app
         self.fastapi = app
+        self.predict = predict
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -354,7 +322,8 @@ class RequestContext:
             return
         path = scope["path"]
         if path[:10] != "/v1/models" and _V1_PREFIX.match(path):
-            scope = dict(scope, path="/v1/models" + path[10:])
+            path = "/v1/models" + path[10:]
+            scope = dict(scope, path=path)
         given = None
         for key, value in scope["headers"]:
             if key == b"x-request-id":
@@ -363,14 +332,21 @@ class RequestContext:
         rid = new_request_id(given)
         token = request_id_var.set(rid)
         header = (b"x-request-id", rid.encode())
-
-        async def send_with_id(message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), header]
-            await send(message)
-
         try:
+            handler = self.predict.route(path) if scope["method"] == "POST" else None
+            if handler is not None:
+                reply = await handler(receive, scope["headers"])
+                await send({"type": "http.response.start", "status": reply.status, "headers": [
+                    (b"content-type", reply.content_type.encode()),
+                    (b"content-length", str(len(reply.body)).encode()), header]})
+                await send({"type": "http.response.body", "body": reply.body})
+                return
+
+            async def send_with_id(message) -> None:
+                if message["type"] == "http.response.start":
+                    message["headers"] = [*message.get("headers", []), header]
+                await send(message)
+
             await self.app(scope, receive, send_with_id)
         finally:
             request_id_var.reset(token)
-

@@ -1,48 +1,50 @@
-"""Reading a request body under the configured size limit (413 above it)."""
+"""Reading a request body from the ASGI ``receive`` channel under the size limit (413 above it)."""
 
 from __future__ import annotations
 
-from starlette.requests import ClientDisconnect, Request
+from collections.abc import Awaitable, Callable, Iterable
 
 from processor.errors import InvalidArgument, PayloadTooLarge
+
+Receive = Callable[[], Awaitable[dict]]
 
 # After refusing a body we keep reading (and dropping) up to this many times the limit, so a
 # client that sends the whole body before reading the response still gets the 413.
 _DISCARD_FACTOR = 4
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(receive: Receive, headers: Iterable[tuple[bytes, bytes]], limit: int) -> bytes:
     """The whole body; PayloadTooLarge (413) when it is over ``limit`` bytes."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        try:
-            size = int(declared)
-        except ValueError:
-            raise InvalidArgument(f"bad Content-Length header {declared!r}") from None
-        if size > limit:
-            await _discard(request, limit * _DISCARD_FACTOR)
-            raise PayloadTooLarge(f"request body of {size} bytes is over the limit of {limit} bytes "
-                                  f"(max_request_bytes)")
+    for key, value in headers:
+        if key == b"content-length":
+            try:
+                size = int(value)
+            except ValueError:
+                raise InvalidArgument(f"bad Content-Length header {value[:40]!r}") from None
+            if size > limit:
+                await _discard(receive, limit * _DISCARD_FACTOR)
+                raise PayloadTooLarge(f"request body of {size} bytes is over the limit of {limit} "
+                                      f"bytes (max_request_bytes)")
+            break
     chunks: list[bytes] = []
     received = 0
-    try:
-        async for chunk in request.stream():
-            received += len(chunk)
-            if received > limit:
-                await _discard(request, limit * _DISCARD_FACTOR)
-                raise PayloadTooLarge(f"request body is over the limit of {limit} bytes "
-                                      f"(max_request_bytes)")
-            chunks.append(chunk)
-    except ClientDisconnect:
-        raise InvalidArgument("the client closed the connection before sending the whole body") from None
-    return b"".join(chunks)
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise InvalidArgument("the client closed the connection before sending the whole body")
+        chunk = message.get("body", b"")
+        received += len(chunk)
+        if received > limit:
+            await _discard(receive, limit * _DISCARD_FACTOR)
+            raise PayloadTooLarge(f"request body is over the limit of {limit} bytes (max_request_bytes)")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-async def _discard(request: Request, budget: int) -> None:
-    try:
-        async for chunk in request.stream():
-            budget -= len(chunk)
-            if budget <= 0:
-                return
-    except (ClientDisconnect, RuntimeError):  # RuntimeError: stream already consumed
-        return
+async def _discard(receive: Receive, budget: int) -> None:
+    while budget > 0:
+        message = await receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            return
+        budget -= len(message.get("body", b""))

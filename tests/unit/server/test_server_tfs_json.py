@@ -12,7 +12,8 @@ from processor.signature import Signature, TensorSpec
 from processor.store.checkpoint_layout import ModelVersion
 from server import tfserving
 from server.http import tfs_json
-from server.http.app import _PREDICT_PATH, _STATUS_PATH
+from server.http.app import _STATUS_PATH
+from server.http.predict import PREDICT_PATH as _PREDICT_PATH
 
 TOY = Signature("serving_default", {"x": TensorSpec("x", "x:0", DT_FLOAT, (-1, 1))},
                 {"y": TensorSpec("y", "y:0", DT_FLOAT, (-1, 1))})
