@@ -39,8 +39,8 @@ def generate(out_dir: Path) -> list[Path]:
 
 
 def _fix_grpc_imports(out_dir: Path) -> None:
-    # protoc emits `import predict_pb2` in *_pb2_grpc.py; inside a package it must be relative.
-    for path in out_dir.glob("*_pb2_grpc.py"):
+    # protoc emits `import predict_pb2` for imported protos; inside a package it must be relative.
+    for path in [*out_dir.glob("*_pb2.py"), *out_dir.glob("*_pb2_grpc.py")]:
         text = path.read_text()
         for mod in out_dir.glob("*_pb2.py"):
             text = text.replace(f"import {mod.stem} as", f"from . import {mod.stem} as")
