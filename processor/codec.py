@@ -9,7 +9,9 @@ and thread-safe.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -48,24 +50,61 @@ def decode_request(data: bytes, signature: Signature) -> DecodedRequest:
 
 def decode_message(request: predict_pb2.PredictRequest, signature: Signature) -> DecodedRequest:
     """Check a parsed PredictRequest against ``signature`` and convert its inputs."""
+    feeds = _feeds(request.inputs.items(), signature, array_from_proto)
+    return DecodedRequest(feeds, _fetches(request.output_filter, signature))
+
+
+def decode_arrays(inputs: Mapping[str, Any], output_filter: Sequence[str] | None,
+                  signature: Signature) -> DecodedRequest:
+    """Check numpy inputs (keyed by alias or tensor name) exactly as protobuf requests are.
+
+    For front-ends that parse their own wire format (JSON); no protobuf round trip.
+    """
+    return DecodedRequest(_feeds(inputs.items(), signature, array_from_numpy),
+                          _fetches(output_filter or (), signature))
+
+
+def _feeds(items: Iterable[tuple[str, Any]], signature: Signature,
+           convert: Callable[[Any, TensorSpec], np.ndarray]) -> dict[str, np.ndarray]:
     feeds: dict[str, np.ndarray] = {}
-    for key, proto in request.inputs.items():
+    for key, value in items:
         spec = signature.input(key)
         if spec.alias in feeds:
             raise InvalidArgument(f"input {spec.alias!r} given twice (as alias and tensor name)")
-        feeds[spec.alias] = array_from_proto(proto, spec)
+        feeds[spec.alias] = convert(value, spec)
     if len(feeds) != len(signature.inputs):
         missing = sorted(set(signature.inputs) - set(feeds))
         raise InvalidArgument(f"missing input(s) {missing}; signature {signature.name!r} takes "
                               f"{sorted(signature.inputs)}")
-    if request.output_filter:
-        fetches = []
-        for key in request.output_filter:
-            if not key:
-                raise InvalidArgument("output_filter holds an empty name")
-            fetches.append((key, signature.output(key).alias))
-        return DecodedRequest(feeds, tuple(fetches))
-    return DecodedRequest(feeds, tuple((alias, alias) for alias in signature.outputs))
+    return feeds
+
+
+def _fetches(output_filter: Sequence[str], signature: Signature) -> tuple[tuple[str, str], ...]:
+    if not output_filter:
+        return tuple((alias, alias) for alias in signature.outputs)
+    fetches = []
+    for key in output_filter:
+        if not key:
+            raise InvalidArgument("output_filter holds an empty name")
+        fetches.append((key, signature.output(key).alias))
+    return tuple(fetches)
+
+
+def array_from_numpy(value: Any, spec: TensorSpec) -> np.ndarray:
+    """Check a numpy input against its signature tensor (dtype and shape); strings as bytes."""
+    try:
+        array = np.asarray(value)
+        dt = dtype_of_array(array)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"input {spec.alias!r}: bad value: {exc}") from None
+    if dt != spec.dtype:
+        raise InvalidArgument(f"input {spec.alias!r}: dtype {dtype_name(dt)} given, "
+                              f"signature expects {dtype_name(spec.dtype)}")
+    _check_shape(spec, array.shape)
+    if dt == DT_STRING and array.dtype != object:
+        array = np.array([v.encode() if isinstance(v, str) else bytes(v) for v in array.ravel().tolist()],
+                         dtype=object).reshape(array.shape)
+    return array
 
 
 def array_from_proto(proto: predict_pb2.ArrayProto, spec: TensorSpec) -> np.ndarray:

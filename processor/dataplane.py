@@ -13,7 +13,7 @@ unless some model still has traces to take.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -22,6 +22,7 @@ from . import codec
 from .errors import NotFound, as_processor_error
 from .manager.model_manager import ModelManager
 from .proto import predict_pb2
+from .signature import Signature
 from .tracing import Tracer, TraceRecorder
 from .tracing.tracer import now_us
 
@@ -50,7 +51,7 @@ class DataPlane:
         if self._tracers:
             recorder = self._begin_trace(name)
             if recorder is not None:
-                return self._traced(name, recorder, data=data)
+                return self._traced(name, recorder, lambda: codec.parse_request(data), codec.decode_message)
         return self._predict_message(name, codec.parse_request(data))
 
     def predict_message(self, name: str, request: predict_pb2.PredictRequest) -> bytes:
@@ -58,7 +59,7 @@ class DataPlane:
         if self._tracers:
             recorder = self._begin_trace(name)
             if recorder is not None:
-                return self._traced(name, recorder, request=request)
+                return self._traced(name, recorder, lambda: request, codec.decode_message)
         return self._predict_message(name, request)
 
     def _predict_message(self, name: str, request: predict_pb2.PredictRequest) -> bytes:
@@ -74,25 +75,15 @@ class DataPlane:
         For front-ends that parse their own wire format (JSON); inputs are checked against the
         signature exactly as protobuf requests are.
         """
+        def decode(parsed, signature):
+            return codec.decode_arrays(inputs, output_filter, signature)
+
         if self._tracers:
             recorder = self._begin_trace(name)
             if recorder is not None:
-                return self._traced(name, recorder, arrays=(inputs, output_filter))
-        request = self._arrays_request(inputs, output_filter)
+                return self._traced(name, recorder, lambda: None, decode, encode=False)
         with self.manager(name).acquire() as group:
-            decoded = codec.decode_message(request, group.signature)
-            return self._run(group, decoded)
-
-    @staticmethod
-    def _arrays_request(inputs: Mapping[str, np.ndarray],
-                        output_filter: list[str] | None) -> predict_pb2.PredictRequest:
-        request = predict_pb2.PredictRequest(output_filter=output_filter or [])
-        try:
-            for key, array in inputs.items():
-                codec.fill_proto(request.inputs[key], np.asarray(array))
-        except (TypeError, ValueError) as exc:
-            raise codec.InvalidArgument(f"bad input value: {exc}") from None
-        return request
+            return self._run(group, decode(None, group.signature))
 
     @staticmethod
     def _run(group, decoded: codec.DecodedRequest) -> dict[str, np.ndarray]:
@@ -115,26 +106,24 @@ class DataPlane:
             self._tracers.pop(name, None)  # no traces left: later requests skip tracing entirely
         return recorder
 
-    def _traced(self, name: str, rec: TraceRecorder, *, data: bytes | None = None,
-                request: predict_pb2.PredictRequest | None = None,
-                arrays: tuple | None = None) -> Any:
+    def _traced(self, name: str, rec: TraceRecorder, parse: Callable[[], Any],
+                decode: Callable[[Any, Signature], codec.DecodedRequest], encode: bool = True) -> Any:
         """One request on the traced path: same results and errors, every stage timed.
 
+        ``parse`` reads the transport's payload, ``decode`` checks it against the signature.
         The trace is submitted (never raising) whether the request succeeds or fails.
         """
         try:
             with rec.stage("request"):
-                if request is None:
-                    with rec.stage("parse"):
-                        request = (codec.parse_request(data) if arrays is None
-                                   else self._arrays_request(*arrays))
+                with rec.stage("parse"):
+                    parsed = parse()
                 with contextlib.ExitStack() as stack:
                     with rec.stage("acquire"):
                         group = stack.enter_context(self.manager(name).acquire())
                     with rec.stage("decode"):
-                        decoded = codec.decode_message(request, group.signature)
+                        decoded = decode(parsed, group.signature)
                     outputs = self._run_traced(group, decoded, rec)
-                if arrays is not None:
+                if not encode:
                     return outputs
                 with rec.stage("encode"):
                     return codec.encode_response(outputs)

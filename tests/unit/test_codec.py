@@ -1,3 +1,5 @@
+import re
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -132,3 +134,24 @@ def test_every_wire_type_has_a_field_on_the_proto():
     for wire in WIRE_TYPES.values():
         assert wire.field in fields
     assert DT_STRING in WIRE_TYPES
+
+
+def test_numpy_inputs_are_checked_like_protobuf_ones():
+    d = codec.decode_arrays({"x:0": GOOD["x"], "ids": GOOD["ids"]}, ["y"], SIG)
+    assert set(d.feeds) == {"x", "ids"} and d.fetches == (("y", "y"),)
+    for inputs, output_filter, fragment in [
+        ({**GOOD, "w": np.ones(1, np.float32)}, None, "unknown input 'w'"),
+        ({**GOOD, "x": np.ones((3, 2))}, None, "dtype DT_DOUBLE given"),
+        ({**GOOD, "x": np.ones((3, 3), np.float32)}, None, "shape [3, 3] given"),
+        ({"x": GOOD["x"]}, None, "missing input(s) ['ids']"),
+        (GOOD, [""], "empty name"),
+        ({**GOOD, "x": [[1.0, 2.0], [3.0]]}, None, "bad value"),
+    ]:
+        with pytest.raises(InvalidArgument, match=re.escape(fragment)):
+            codec.decode_arrays(inputs, output_filter, SIG)
+
+
+def test_numpy_strings_become_bytes():
+    sig = Signature("s", {"s": TensorSpec("s", "s:0", DT_STRING, (-1,))}, {})
+    got = codec.decode_arrays({"s": np.array(["a", "é"])}, None, sig).feeds["s"]
+    assert got.dtype == object and got.tolist() == [b"a", "é".encode()]
