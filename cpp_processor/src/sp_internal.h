@@ -1,0 +1,93 @@
+/*
+ * sp_internal.h -- what the modules of libserving_processor.so share; not installed.
+ *
+ *   outputs.c   malloc'd output buffers and the messages the library writes itself
+ *   runtime.c   the embedded interpreter (start or join) and per-thread Python states
+ *   bridge.c    processor.abi's functions, and Python results / exceptions turned into C
+ *   registry.c  the model handles given out by initialize()
+ *   processor.c the exported functions of processor.h
+ *
+ * Every symbol here is hidden (-fvisibility=hidden): only processor.h's functions are exported.
+ */
+#ifndef SP_INTERNAL_H_
+#define SP_INTERNAL_H_
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stddef.h>
+
+#include "processor.h"
+
+#define SP_PREFIX "[serving_processor] "
+#define SP_ERR_LEN 4096
+
+/* --- outputs.c ------------------------------------------------------------------------ */
+
+/* Copies n bytes into a fresh malloc'd buffer. Returns 0, or -1 (nothing written) on failure. */
+int sp_copy_out(void** out, int* out_size, const void* data, size_t n);
+
+/* Writes a message produced in C and returns `status`. */
+int sp_c_error(void** out, int* out_size, int status, const char* fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Gives every slot in [0, count) not marked in `skip` (may be NULL) the same C-made error;
+ * returns `code`. */
+int sp_fill_error(int count, const int* skip, void** out, int* out_size, int* status, int code,
+                  const char* msg);
+
+/* --- runtime.c ------------------------------------------------------------------------ */
+
+/* Ensures an interpreter exists (starting one, or joining the host's) and this library's
+ * per-thread key is set up. Returns 0, or non-zero with a message in err. */
+int sp_ensure_started(char* err, size_t errlen);
+
+/* Takes the GIL for the calling thread, giving it a persistent thread state on first use. */
+PyGILState_STATE sp_gil_enter(void);
+void sp_gil_leave(PyGILState_STATE s);
+
+/* --- bridge.c (all but sp_runtime_ready called with the GIL held) ----------------------- */
+
+typedef enum {
+  SP_FN_INITIALIZE,
+  SP_FN_PROCESS,
+  SP_FN_BATCH_PROCESS,
+  SP_FN_INFO,
+  SP_FN_FINALIZE,
+  SP_FN_COUNT
+} sp_fn_id;
+
+/* Whether processor.abi is imported and its functions cached (an atomic read). */
+int sp_runtime_ready(void);
+
+/* Imports processor.abi and caches its functions. Returns 0, or -1 with a message in err. */
+int sp_load_module(char* err, size_t errlen);
+
+/* A cached function of processor.abi; only once sp_runtime_ready(). */
+PyObject* sp_fn(sp_fn_id id);
+
+/* Takes the pending Python exception and turns it into a status and a message. */
+int sp_take_exception(const char* where, char* msg, size_t len);
+
+/* Turns one (status, payload) result of processor.abi into the C outputs (res may be NULL: the
+ * pending exception). Does not consume `res`. */
+int sp_take_result(PyObject* res, const char* fn, void** out, int* out_size);
+
+/* --- registry.c (GIL held) -------------------------------------------------------------- */
+
+typedef struct sp_model {
+  PyObject* handle; /* what processor.abi.initialize returned */
+  struct sp_model* next;
+} sp_model;
+
+/* Registers a model owning `handle` (a new reference it takes over); NULL if out of memory,
+ * and then `handle` is still the caller's. */
+sp_model* sp_add_model(PyObject* handle);
+
+/* The registered model at address p, or NULL (never initialized, or finalized). */
+sp_model* sp_find_model(void* p);
+
+/* Removes the model at address p from the registry and returns it (NULL if unknown). */
+sp_model* sp_unlink_model(void* p);
+
+#endif /* SP_INTERNAL_H_ */
