@@ -242,10 +242,10 @@ def test_delta_is_applied_in_place(toy_model):
 
 
 def test_mismatch_against_tensorflow_fails_the_load(toy_model, monkeypatch, tmp_path):
-    from processor.engine import onnx_convert
+    from processor.engine import onnx_check
 
     monkeypatch.setenv("SP_ONNX_CACHE_DIR", str(tmp_path / "fresh"))
-    monkeypatch.setattr(onnx_convert, "ATOL", -1.0)  # nothing can pass
+    monkeypatch.setattr(onnx_check, "ATOL", -1.0)  # nothing can pass
     with pytest.raises(Internal) as err:
         abi.initialize("", json.dumps(ort_config(toy_model)))
     assert "does not match TensorFlow" in err.value.message and "'y'" in err.value.message
