@@ -30,6 +30,31 @@ def _as_u32(values: np.ndarray) -> np.ndarray:
     return np.clip(np.asarray(values, np.int64), 0, _U32_MAX).astype(np.uint32)
 
 
+def checked_values(spec: TableSpec, chunk: RowChunk) -> np.ndarray:
+    """``chunk``'s rows as float32; ValueError naming the table unless they are ``[n, dim]``."""
+    values = np.asarray(chunk.values, np.float32)
+    if values.shape != (len(chunk.keys), spec.dim):
+        raise ValueError(f"table {spec.name!r}: rows of shape {list(values.shape)}, "
+                         f"expected [{len(chunk.keys)}, {spec.dim}]")
+    return values
+
+
+def write_meta(table: Any, rows: np.ndarray, chunk: RowChunk, length: int) -> None:
+    """Store ``chunk``'s freqs / versions (uint32, saturating) at ``rows`` of ``table.freqs`` /
+    ``table.versions``, first creating the array, or growing it to ``length`` rows, if needed."""
+    for name, given in (("freqs", chunk.freqs), ("versions", chunk.versions)):
+        if given is None:
+            continue
+        arr = getattr(table, name)
+        if arr is None or len(arr) < length:
+            bigger = np.zeros(length, np.uint32)
+            if arr is not None:
+                bigger[: len(arr)] = arr
+            arr = bigger
+            setattr(table, name, arr)
+        arr[rows] = _as_u32(given)
+
+
 class DramTable:
     """See the module doc. ``capacity`` pre-sizes for that many rows (bulk loads know it)."""
 
@@ -66,14 +91,11 @@ class DramTable:
         """Write rows (new keys are added); returns the number of new keys."""
         if len(chunk) == 0:
             return 0
-        values = np.asarray(chunk.values, np.float32)
-        if values.shape != (len(chunk.keys), self.spec.dim):
-            raise ValueError(f"table {self.spec.name!r}: rows of shape {list(values.shape)}, "
-                             f"expected [{len(chunk.keys)}, {self.spec.dim}]")
+        values = checked_values(self.spec, chunk)
         rows, new = self.index.upsert(chunk.keys)
         self._ensure_rows(self.index.size)
         self.values[rows] = values
-        self._write_meta(rows, chunk)
+        write_meta(self, rows, chunk, len(self.values))
         return new
 
     def _ensure_rows(self, n: int) -> None:
@@ -89,16 +111,6 @@ class DramTable:
                 bigger = np.zeros(cap, np.uint32)
                 bigger[: len(arr)] = arr
                 setattr(self, name, bigger)
-
-    def _write_meta(self, rows: np.ndarray, chunk: RowChunk) -> None:
-        for name, given in (("freqs", chunk.freqs), ("versions", chunk.versions)):
-            if given is None:
-                continue
-            arr = getattr(self, name)
-            if arr is None:
-                arr = np.zeros(len(self.values), np.uint32)
-                setattr(self, name, arr)
-            arr[rows] = _as_u32(given)
 
     def metadata(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(freqs, versions) of ``keys`` as int64; -1 where unknown."""

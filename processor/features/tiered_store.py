@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from .dram_store import LocalVersionTables, _as_u32
+from .dram_store import LocalVersionTables, checked_values, write_meta
 from .feature_store import LookupStats, RowChunk, TableSpec
 from .hash_index import HashIndex
 
@@ -167,10 +167,7 @@ class TieredTable:
     def upsert(self, chunk: RowChunk) -> int:
         if len(chunk) == 0:
             return 0
-        values = np.asarray(chunk.values, np.float32)
-        if values.shape != (len(chunk.keys), self.spec.dim):
-            raise ValueError(f"table {self.spec.name!r}: rows of shape {list(values.shape)}, "
-                             f"expected [{len(chunk.keys)}, {self.spec.dim}]")
+        values = checked_values(self.spec, chunk)
         rows, new = self.index.upsert(chunk.keys)
         self._grow_file(self.index.size)
         self._write_rows(rows, values)
@@ -179,17 +176,7 @@ class TieredTable:
             cached = slots >= 0
             if cached.any():
                 self._cache[slots[cached]] = values[cached]
-        for name, given in (("freqs", chunk.freqs), ("versions", chunk.versions)):
-            if given is None:
-                continue
-            arr = getattr(self, name)
-            if arr is None or len(arr) < self._file_rows:
-                bigger = np.zeros(self._file_rows, np.uint32)
-                if arr is not None:
-                    bigger[: len(arr)] = arr
-                arr = bigger
-                setattr(self, name, arr)
-            arr[rows] = _as_u32(given)
+        write_meta(self, rows, chunk, self._file_rows)
         return new
 
     def nbytes(self) -> dict[str, int]:
