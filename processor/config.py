@@ -261,7 +261,7 @@ class ModelConfig(BaseModel):
         try:
             return cls(**fields)
         except ValidationError as exc:
-            raise ConfigError(_describe(exc)) from None
+            raise ConfigError(describe_validation_error(exc)) from None
 
     # --- reporting --------------------------------------------------------------------------
 
@@ -284,14 +284,17 @@ class ModelConfig(BaseModel):
         return out
 
 
-def _describe(exc: ValidationError) -> str:
-    """One line per problem, each starting with the key it concerns."""
+def describe_validation_error(exc: ValidationError, prefix: str = "") -> str:
+    """One line per problem, each starting with ``prefix`` and the key it concerns.
+
+    Shared with :mod:`processor.deployment` (``prefix`` there names the models[] entry).
+    """
     lines = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"])
         msg = err["msg"].removeprefix("Value error, ")
         if not loc:  # model-level validators put the key first in their message
-            lines.append(msg)
+            lines.append(f"{prefix}{msg}")
         else:
-            lines.append(f"{loc}: {msg} (got {err.get('input')!r})")
+            lines.append(f"{prefix}{loc}: {msg} (got {err.get('input')!r})")
     return "; ".join(lines)

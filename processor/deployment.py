@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .config import ModelConfig
+from .config import ModelConfig, describe_validation_error
 from .errors import ConfigError
 
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$"
@@ -134,7 +134,7 @@ class DeploymentConfig(BaseModel):
         try:
             return cls(models=tuple(entries), **fields)
         except ValidationError as exc:
-            raise ConfigError(_describe(exc)) from None
+            raise ConfigError(describe_validation_error(exc)) from None
 
     # --- use --------------------------------------------------------------------------------
 
@@ -197,7 +197,7 @@ def _model_entry(index: int, item: Any) -> ModelEntry:
         return ModelEntry(name=name, model_config=config, raw_config=raw,
                           version_labels=labels, inference_threads=item.get("inference_threads"))
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, prefix=f"{where}.")) from None
+        raise ConfigError(describe_validation_error(exc, prefix=f"{where}.")) from None
 
 
 def _reject_unknown(data: dict, known: set[str], prefix: str) -> None:
@@ -206,15 +206,3 @@ def _reject_unknown(data: dict, known: set[str], prefix: str) -> None:
             hint = difflib.get_close_matches(key, sorted(known), n=1)
             suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
             raise ConfigError(f"{prefix}{key}: unknown deployment key{suggestion}")
-
-
-def _describe(exc: ValidationError, prefix: str = "") -> str:
-    lines = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"])
-        msg = err["msg"].removeprefix("Value error, ")
-        if not loc:  # model-level validators put the key first in their message
-            lines.append(f"{prefix}{msg}")
-        else:
-            lines.append(f"{prefix}{loc}: {msg} (got {err.get('input')!r})")
-    return "; ".join(lines)
