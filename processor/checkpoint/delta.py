@@ -38,6 +38,19 @@ class Delta:
     def changed_rows(self) -> int:
         return sum(len(k) for k, _ in self.rows.values())
 
+    def set_dense(self, prefix: str, name: str, value: np.ndarray, info: VariableInfo) -> None:
+        """``dense[name] = value`` in the variable's dtype; CheckpointError naming the delta
+        ``prefix`` when the shape is not the model's."""
+        if tuple(value.shape) != info.shape:
+            raise CheckpointError(f"delta {prefix!r}: {name!r} has shape {list(value.shape)}, "
+                                  f"the model's is {list(info.shape)}")
+        self.dense[name] = value.astype(info.dtype, copy=False)
+
+    def check_not_empty(self, prefix: str) -> None:
+        """CheckpointError when the delta holds no tensor of the model."""
+        if not self.rows and not self.dense:
+            raise CheckpointError(f"delta {prefix!r} holds no tensor of the model")
+
 
 _KEY_SUFFIXES = ("-keys", "-sparse_incr_keys")
 _VALUE_SUFFIX = {"-keys": "-values", "-sparse_incr_keys": "-sparse_incr_values"}
@@ -79,10 +92,6 @@ def read_delta(prefix: str, step: int, variables: Mapping[str, VariableInfo]) ->
         info = variables.get(name)
         if info is None:
             raise CheckpointError(f"delta {prefix!r}: tensor {name!r} is not a variable of the model")
-        if tuple(value.shape) != info.shape:
-            raise CheckpointError(f"delta {prefix!r}: {name!r} has shape {list(value.shape)}, "
-                                  f"the model's is {list(info.shape)}")
-        delta.dense[name] = value.astype(info.dtype, copy=False)
-    if not delta.rows and not delta.dense:
-        raise CheckpointError(f"delta {prefix!r} holds no tensor of the model")
+        delta.set_dense(prefix, name, value, info)
+    delta.check_not_empty(prefix)
     return delta

@@ -231,11 +231,6 @@ def read_store_delta(prefix: str, step: int, tables: Mapping[str, int],
                 raise CheckpointError(f"delta {prefix!r}: {name!r} is served from the feature store; "
                                       f"a delta must carry its changed rows as {name}-keys / -values")
             raise CheckpointError(f"delta {prefix!r}: tensor {name!r} is not a variable of the model")
-        value = ckpt.tensor(name)
-        if tuple(value.shape) != info.shape:
-            raise CheckpointError(f"delta {prefix!r}: {name!r} has shape {list(value.shape)}, "
-                                  f"the model's is {list(info.shape)}")
-        delta.dense[name] = value.astype(info.dtype, copy=False)
-    if not delta.rows and not delta.dense:
-        raise CheckpointError(f"delta {prefix!r} holds no tensor of the model")
+        delta.set_dense(prefix, name, ckpt.tensor(name), info)
+    delta.check_not_empty(prefix)
     return delta
