@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import run_threads, write_results
+from benchmarks.common import processor_config, run_threads, write_results
 
 REPO = Path(__file__).resolve().parents[1]
 BUILD = REPO / "cpp_processor" / "build"
@@ -56,15 +56,6 @@ def demo_paths(preset: str):
         preset = "full" if card is not None and card.get("preset") == "full" else "small"
     out_dir = DEFAULT_DEMO_DIR if preset == "full" else DEFAULT_DEMO_DIR.with_name(f"demo-{preset}")
     return preset, ensure_demo_model(out_dir, preset=preset)
-
-
-def processor_config(paths, session_num: int) -> dict:
-    return {
-        "savedmodel_dir": str(paths.savedmodel_dir), "checkpoint_dir": str(paths.checkpoint_dir),
-        "signature_name": "serving_default", "session_num": session_num,
-        "use_per_session_threads": True, "select_session_policy": "MOD",
-        "inter_op_parallelism_threads": 1, "intra_op_parallelism_threads": 1,
-    }
 
 
 class HostSession:

@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from benchmarks.common import memory_of, run_threads, write_results
+from benchmarks.common import memory_of, processor_config, run_threads, write_results
 
 BATCHES = (1, 256)
 THREADS = (1, 2, 4)
@@ -35,15 +35,6 @@ def demo_paths(preset: str):
 
     out_dir = DEFAULT_DEMO_DIR if preset == "full" else DEFAULT_DEMO_DIR.with_name(f"demo-{preset}")
     return ensure_demo_model(out_dir, preset=preset)
-
-
-def processor_config(paths, session_num: int) -> dict:
-    return {
-        "savedmodel_dir": str(paths.savedmodel_dir), "checkpoint_dir": str(paths.checkpoint_dir),
-        "signature_name": "serving_default", "session_num": session_num,
-        "use_per_session_threads": True, "select_session_policy": "MOD",
-        "inter_op_parallelism_threads": 1, "intra_op_parallelism_threads": 1,
-    }
 
 
 class RawEngine:

@@ -1,4 +1,4 @@
-"""Helpers shared by the benchmarks: timed thread loops, memory readings, result files."""
+"""Helpers shared by the benchmarks: demo-model config, timed thread loops, memory, result files."""
 
 from __future__ import annotations
 
@@ -10,6 +10,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def processor_config(paths, session_num: int) -> dict:
+    """The model_config the benchmarks serve the demo model (``demo.layout.ModelPaths``) with."""
+    return {
+        "savedmodel_dir": str(paths.savedmodel_dir), "checkpoint_dir": str(paths.checkpoint_dir),
+        "signature_name": "serving_default", "session_num": session_num,
+        "use_per_session_threads": True, "select_session_policy": "MOD",
+        "inter_op_parallelism_threads": 1, "intra_op_parallelism_threads": 1,
+    }
 
 
 def run_threads(call: Callable[[int], object], threads: int, seconds: float,
