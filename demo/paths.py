@@ -11,7 +11,7 @@ Importing this module does not import TensorFlow; building does.
 from __future__ import annotations
 
 import fcntl
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -45,21 +45,16 @@ def ensure_demo_model(
     Raises:
         ValueError: unknown preset or ``versions < 1``.
     """
-    out_dir = Path(out_dir)
-    with _build_lock(out_dir):
-        card = read_model_card(out_dir)
-        if (
-            not force
-            and card is not None
-            and card.get("model") == CTR_MODEL_NAME
-            and card.get("preset") == preset
-            and len(card.get("steps", [])) == versions
-        ):
-            return read_model_paths(out_dir)
+    def build(out: Path) -> ModelPaths:
         from demo.ctr_model import build_ctr_model  # imports TensorFlow: only when building
 
-        clear_model(out_dir)
-        return build_ctr_model(out_dir, preset=preset, versions=versions)
+        return build_ctr_model(out, preset=preset, versions=versions)
+
+    def matches(card: dict[str, Any]) -> bool:
+        return (card.get("model") == CTR_MODEL_NAME and card.get("preset") == preset
+                and len(card.get("steps", [])) == versions)
+
+    return _reuse_or_build(Path(out_dir), force, matches, build)
 
 
 def ensure_toy_model(out_dir: Path = DEFAULT_TOY_DIR, *, tf2: bool = False, force: bool = False) -> ModelPaths:
@@ -70,45 +65,59 @@ def ensure_toy_model(out_dir: Path = DEFAULT_TOY_DIR, *, tf2: bool = False, forc
     :func:`demo.toy_model.build_toy_model`. Versions added with ``write_toy_checkpoint`` are
     kept on reuse.
     """
-    out_dir = Path(out_dir)
-    with _build_lock(out_dir):
-        card = read_model_card(out_dir)
-        if (
-            not force
-            and card is not None
-            and card.get("model") == TOY_MODEL_NAME
-            and card.get("format") == ("tf2" if tf2 else "tf1")
-        ):
-            return read_model_paths(out_dir)
+    def build(out: Path) -> ModelPaths:
         from demo.toy_model import build_toy_model  # imports TensorFlow: only when building
 
+        return build_toy_model(out, tf2=tf2)
+
+    def matches(card: dict[str, Any]) -> bool:
+        return card.get("model") == TOY_MODEL_NAME and card.get("format") == ("tf2" if tf2 else "tf1")
+
+    return _reuse_or_build(Path(out_dir), force, matches, build)
+
+
+def _reuse_or_build(out_dir: Path, force: bool, matches: Callable[[dict[str, Any]], bool],
+                    build: Callable[[Path], ModelPaths]) -> ModelPaths:
+    """Under the build lock: the build in ``out_dir`` when its model card ``matches`` (and not
+    ``force``); otherwise clear ``out_dir``'s model files and return ``build(out_dir)``."""
+    with _build_lock(out_dir):
+        card = read_model_card(out_dir)
+        if not force and card is not None and matches(card):
+            return read_model_paths(out_dir)
         clear_model(out_dir)
-        return build_toy_model(out_dir, tf2=tf2)
+        return build(out_dir)
 
 
-def demo_model_config(paths: ModelPaths) -> dict[str, Any]:
-    """A DeepRec-style ``model_config`` serving the CTR demo model at ``paths``."""
-    return _model_config(paths)
-
-
-def toy_model_config(paths: ModelPaths) -> dict[str, Any]:
-    """A DeepRec-style ``model_config`` serving the toy model at ``paths``."""
-    return _model_config(paths)
-
-
-def _model_config(paths: ModelPaths) -> dict[str, Any]:
-    return {
+def model_config(paths: ModelPaths, **overrides: Any) -> dict[str, Any]:
+    """A DeepRec-style ``model_config`` for the model at ``paths``: one session, one thread per
+    pool, features in memory; ``overrides`` replace or add keys."""
+    config: dict[str, Any] = {
         "savedmodel_dir": str(paths.savedmodel_dir),
         "checkpoint_dir": str(paths.checkpoint_dir),
         "signature_name": "serving_default",
         "feature_store_type": "memory",
         "serialize_protocol": "protobuf",
         "model_store_type": "local",
-        "session_num": 2,
-        "select_session_policy": "MOD",
+        "session_num": 1,
         "inter_op_parallelism_threads": 1,
-        "intra_op_parallelism_threads": 2,
+        "intra_op_parallelism_threads": 1,
     }
+    config.update(overrides)
+    return config
+
+
+# What the demo and toy models are served with (two sessions, two intra-op threads each).
+_SERVING = {"session_num": 2, "select_session_policy": "MOD", "intra_op_parallelism_threads": 2}
+
+
+def demo_model_config(paths: ModelPaths) -> dict[str, Any]:
+    """A DeepRec-style ``model_config`` serving the CTR demo model at ``paths``."""
+    return model_config(paths, **_SERVING)
+
+
+def toy_model_config(paths: ModelPaths) -> dict[str, Any]:
+    """A DeepRec-style ``model_config`` serving the toy model at ``paths``."""
+    return model_config(paths, **_SERVING)
 
 
 @contextmanager

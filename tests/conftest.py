@@ -41,20 +41,10 @@ def ctr_model_small(tmp_path_factory):
 
 
 def model_config(paths, **overrides) -> dict:
-    """A DeepRec-style model_config for a demo.layout.ModelPaths."""
-    config = {
-        "savedmodel_dir": str(paths.savedmodel_dir),
-        "checkpoint_dir": str(paths.checkpoint_dir),
-        "signature_name": "serving_default",
-        "feature_store_type": "memory",
-        "serialize_protocol": "protobuf",
-        "model_store_type": "local",
-        "session_num": 1,
-        "inter_op_parallelism_threads": 1,
-        "intra_op_parallelism_threads": 1,
-    }
-    config.update(overrides)
-    return config
+    """A DeepRec-style model_config for a demo.layout.ModelPaths (see demo.paths.model_config)."""
+    from demo.paths import model_config as base_config
+
+    return base_config(paths, **overrides)
 
 
 @pytest.fixture
