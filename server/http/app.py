@@ -34,13 +34,13 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from processor.errors import InvalidArgument, ProcessorError, Unavailable
+from processor.errors import InvalidArgument, ProcessorError
 
 from .. import tfserving
 from ..logs import new_request_id, request_id_var
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..runtime import ServingRuntime
-from .predict import PROTOBUF, PredictRoutes, Reply, error_reply
+from .predict import PROTOBUF, PredictRoutes, Reply, error_reply, tracked
 
 log = logging.getLogger("server.http")
 
@@ -81,14 +81,7 @@ def create_http_app(rt: ServingRuntime) -> Any:
     predict = PredictRoutes(rt)
 
     async def serve(model: str, api: str, work: Callable[[], Awaitable[Response]]) -> Response:
-        try:
-            with rt.track(model, "http", api):
-                try:
-                    return await work()
-                except asyncio.CancelledError:  # the drain timeout cut the request off
-                    raise Unavailable("the server shut down before the request finished") from None
-        except Exception as exc:
-            return error_response(exc)
+        return await tracked(rt, model, api, work, error_response)
 
     # --- errors raised outside handlers (routing, validation) --------------------------------
 

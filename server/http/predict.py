@@ -15,6 +15,7 @@ import logging
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from processor.errors import InvalidArgument, ProcessorError, StatusCode, Unavailable, as_processor_error
 
@@ -24,6 +25,7 @@ from . import tfs_json
 from .body import Receive, read_body
 
 log = logging.getLogger("server.http")
+T = TypeVar("T")
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -47,6 +49,20 @@ def error_reply(exc: BaseException) -> Reply:
     return Reply(err.edge.http, json.dumps({"error": err.message}).encode())
 
 
+async def tracked(rt: ServingRuntime, model: str, api: str, work: Callable[[], Awaitable[T]],
+                  on_error: Callable[[Exception], T]) -> T:
+    """``await work()`` as one HTTP ``api`` request to ``model`` (``rt.track``); a request the
+    drain timeout cuts off is Unavailable; any error is answered with ``on_error(exc)``."""
+    try:
+        with rt.track(model, "http", api):
+            try:
+                return await work()
+            except asyncio.CancelledError:  # the drain timeout cut the request off
+                raise Unavailable("the server shut down before the request finished") from None
+    except Exception as exc:
+        return on_error(exc)
+
+
 class PredictRoutes:
     """See the module doc."""
 
@@ -65,16 +81,6 @@ class PredictRoutes:
             return lambda receive, headers: self.tfs(path, receive, headers)
         return None
 
-    async def _serve(self, model: str, api: str, work: Callable[[], Awaitable[Reply]]) -> Reply:
-        try:
-            with self.rt.track(model, "http", api):
-                try:
-                    return await work()
-                except asyncio.CancelledError:  # the drain timeout cut the request off
-                    raise Unavailable("the server shut down before the request finished") from None
-        except Exception as exc:
-            return error_reply(exc)
-
     async def eas(self, model: str, receive: Receive, headers: list) -> Reply:
         """Serialized PredictRequest in, PredictResponse out; empty body: the signature JSON."""
         rt = self.rt
@@ -84,7 +90,7 @@ class PredictRoutes:
             if not body:
                 return Reply(200, json.dumps(await rt.run(model, rt.dataplane.signature, model)).encode())
             return Reply(200, await rt.run(model, rt.dataplane.predict, model, body), PROTOBUF)
-        return await self._serve(model, "predict", work)
+        return await tracked(self.rt, model, "predict", work, error_reply)
 
     async def tfs(self, path: str, receive: Receive, headers: list) -> Reply:
         m = PREDICT_PATH.match(path)
@@ -96,7 +102,7 @@ class PredictRoutes:
             body = await read_body(receive, headers, self.limit)
             wanted = None if version is None else int(version)
             return Reply(200, await self.rt.run(name, tfs_predict, self.rt, name, wanted, label, method, body))
-        return await self._serve(name, f"tfs_{method}", work)
+        return await tracked(self.rt, name, f"tfs_{method}", work, error_reply)
 
 
 def tfs_predict(rt: ServingRuntime, name: str, version: int | None, label: str | None, method: str,
