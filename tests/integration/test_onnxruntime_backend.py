@@ -1,7 +1,6 @@
 """The ONNX Runtime backend: same answers as TensorFlow, same SessionGroup contract."""
 
 import json
-import threading
 
 import numpy as np
 import pytest
@@ -9,6 +8,7 @@ import pytest
 from conftest import model_config, plain_tf_predict
 from processor import abi, codec
 from processor.errors import ConfigError, Internal
+from sp_checks import concurrent_mismatches
 
 X1 = {"x": np.array([[1.0]], np.float32)}
 
@@ -154,22 +154,7 @@ def test_8_threads_x_500_calls_equal_single_threaded(ctr_model_small, make_proce
     p = make_processor(ort_config(ctr_model_small, session_num=4, use_per_session_threads=True,
                                   select_session_policy=policy))
     requests = [codec.encode_request(synthetic_batch(4, seed)) for seed in range(8)]
-    expected = [p.process(r)[1] for r in requests]
-    errors: list[str] = []
-
-    def worker(i: int) -> None:
-        for n in range(500):
-            k = (i + n) % len(requests)
-            status, body = p.process(requests[k])
-            if status != 200 or body != expected[k]:
-                errors.append(f"thread {i} call {n}: status {status}")
-                return
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = concurrent_mismatches(p.process, requests, threads=8, calls=500)
     assert errors == []
 
 

@@ -1,12 +1,11 @@
 """The demo CTR model through process(): equal to plain TensorFlow, stable under concurrency."""
 
-import threading
-
 import numpy as np
 import pytest
 
 from conftest import model_config, plain_tf_predict
 from processor import codec
+from sp_checks import concurrent_mismatches
 
 
 def test_predictions_equal_plain_tensorflow(ctr_model_small, make_processor):
@@ -43,20 +42,5 @@ def test_8_threads_x_500_calls_equal_single_threaded(ctr_model_small, make_proce
     p = make_processor(model_config(ctr_model_small, session_num=4, use_per_session_threads=True,
                                     select_session_policy=policy))
     requests = [codec.encode_request(synthetic_batch(4, seed)) for seed in range(8)]
-    expected = [p.process(r)[1] for r in requests]
-    errors: list[str] = []
-
-    def worker(i: int) -> None:
-        for n in range(500):
-            k = (i + n) % len(requests)
-            status, body = p.process(requests[k])
-            if status != 200 or body != expected[k]:
-                errors.append(f"thread {i} call {n}: status {status}")
-                return
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = concurrent_mismatches(p.process, requests, threads=8, calls=500)
     assert errors == []

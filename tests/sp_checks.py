@@ -1,0 +1,30 @@
+"""Checks shared by several test modules (importable as ``sp_checks``, like ``conftest``)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+
+
+def concurrent_mismatches(process: Callable[[bytes], tuple[int, bytes]], requests: Sequence[bytes],
+                          threads: int = 8, calls: int = 500) -> list[str]:
+    """Call ``process`` ``calls`` times from each of ``threads`` threads, cycling through
+    ``requests``; return one line per thread whose answer was not 200 with the bytes a
+    single-threaded call gave first (empty: every call matched)."""
+    expected = [process(r)[1] for r in requests]
+    errors: list[str] = []
+
+    def worker(i: int) -> None:
+        for n in range(calls):
+            k = (i + n) % len(requests)
+            status, body = process(requests[k])
+            if status != 200 or body != expected[k]:
+                errors.append(f"thread {i} call {n}: status {status}")
+                return
+
+    pool = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return errors
