@@ -238,17 +238,12 @@ class ModelConfig(BaseModel):
         """Parse and validate a JSON document; raise ConfigError naming the first bad key."""
         if not text or not str(text).strip():
             raise ConfigError("model_config: empty; expected a JSON object")
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"model_config: not valid JSON ({exc})") from None
-        return cls.from_dict(data)
+        return cls.from_dict(parse_json(text, "model_config"))
 
     @classmethod
     def from_dict(cls, data: Any) -> ModelConfig:
         """Validate a mapping; raise ConfigError naming the first bad key."""
-        if not isinstance(data, dict):
-            raise ConfigError(f"model_config: expected a JSON object, got {type(data).__name__}")
+        expect_object(data, "model_config")
         known = set(cls.model_fields)
         fields: dict[str, Any] = {}
         for key, value in data.items():
@@ -282,6 +277,20 @@ class ModelConfig(BaseModel):
             if out.get(key):
                 out[key] = "***"
         return out
+
+
+def parse_json(text: str | bytes, what: str) -> Any:
+    """``json.loads(text)``; ConfigError ``"<what>: not valid JSON (...)"`` when it is not."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{what}: not valid JSON ({exc})") from None
+
+
+def expect_object(data: Any, what: str) -> None:
+    """ConfigError naming ``what`` unless ``data`` is a JSON object (a dict)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what}: expected a JSON object, got {type(data).__name__}")
 
 
 def describe_validation_error(exc: ValidationError, prefix: str = "") -> str:

@@ -24,7 +24,6 @@ This module is transport-neutral: it never imports fastapi or grpc.
 from __future__ import annotations
 
 import difflib
-import json
 import os
 import re
 from pathlib import Path
@@ -32,7 +31,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .config import ModelConfig, describe_validation_error
+from .config import ModelConfig, describe_validation_error, expect_object, parse_json
 from .errors import ConfigError
 
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$"
@@ -114,17 +113,12 @@ class DeploymentConfig(BaseModel):
 
     @classmethod
     def from_json(cls, text: str | bytes) -> DeploymentConfig:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"deployment config: not valid JSON ({exc})") from None
-        return cls.from_dict(data)
+        return cls.from_dict(parse_json(text, "deployment config"))
 
     @classmethod
     def from_dict(cls, data: Any) -> DeploymentConfig:
         """Validate a mapping; raise ConfigError naming the first bad key."""
-        if not isinstance(data, dict):
-            raise ConfigError(f"deployment config: expected a JSON object, got {type(data).__name__}")
+        expect_object(data, "deployment config")
         _reject_unknown(data, set(cls.model_fields), "")
         models = data.get("models")
         if not isinstance(models, list) or not models:
@@ -180,10 +174,7 @@ def _model_entry(index: int, item: Any) -> ModelEntry:
         raise ConfigError(f"{where}.model_config: required")
     raw = item["model_config"]
     if isinstance(raw, str):  # EAS files often carry model_config as a JSON string
-        try:
-            raw = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{where}.model_config: not valid JSON ({exc})") from None
+        raw = parse_json(raw, f"{where}.model_config")
     try:
         config = ModelConfig.from_dict(raw)
     except ConfigError as exc:
