@@ -283,6 +283,20 @@ def test_ctypes_finalize_then_calls_are_rejected(native, ctr_files):
 # --- a misbehaving Python side never crashes the host -------------------------------------
 
 
+def _run_ctypes_script(native_build, *args: str, env: dict[str, str],
+                       timeout: int) -> subprocess.CompletedProcess:
+    """tests/e2e/c_abi_ctypes.py with ``args``, in a fresh python, against the built library."""
+    return subprocess.run([sys.executable, str(HERE / "c_abi_ctypes.py"), str(native_build["lib"]), *args],
+                          env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _run_fake_abi(native_build, tmp_path: Path, mode: str, config: dict) -> subprocess.CompletedProcess:
+    """c_abi_ctypes.py ``mode`` with the stand-in module c_abi_fake_abi, configured by ``config``."""
+    (tmp_path / "c.json").write_text(json.dumps(config))
+    return _run_ctypes_script(native_build, mode, str(tmp_path / "c.json"), timeout=120,
+                              env=_env(SERVING_PROCESSOR_MODULE="c_abi_fake_abi", PYTHONPATH=str(HERE)))
+
+
 @pytest.mark.parametrize("misbehave,expected", [
     ("raise", [500, "ValueError: boom"]),
     ("badtype", [500, "[serving_processor] processor.abi.process returned list, expected a (status, payload) tuple"]),
@@ -290,12 +304,7 @@ def test_ctypes_finalize_then_calls_are_rejected(native, ctr_files):
     ("badstatus", [500, "[serving_processor] processor.abi.process returned an invalid status"]),
 ])
 def test_python_side_misbehaving(native_build, tmp_path, misbehave, expected):
-    (tmp_path / "c.json").write_text(json.dumps({"misbehave": misbehave}))
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "c_abi_ctypes.py"), str(native_build["lib"]), "fake_misbehave",
-         str(tmp_path / "c.json")],
-        env=_env(SERVING_PROCESSOR_MODULE="c_abi_fake_abi", PYTHONPATH=str(HERE)),
-        capture_output=True, text=True, timeout=120)
+    proc = _run_fake_abi(native_build, tmp_path, "fake_misbehave", {"misbehave": misbehave})
     assert proc.returncode == 0, proc.stderr
     res = _result(proc.stdout)
     assert res["process"] == expected
@@ -308,12 +317,7 @@ def test_python_side_misbehaving(native_build, tmp_path, misbehave, expected):
     ({"crash": "kaboom"}, "RuntimeError: kaboom"),
 ])
 def test_initialize_exceptions_become_state_minus_1(native_build, tmp_path, config, message):
-    (tmp_path / "c.json").write_text(json.dumps(config))
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "c_abi_ctypes.py"), str(native_build["lib"]), "fake_init",
-         str(tmp_path / "c.json")],
-        env=_env(SERVING_PROCESSOR_MODULE="c_abi_fake_abi", PYTHONPATH=str(HERE)),
-        capture_output=True, text=True, timeout=120)
+    proc = _run_fake_abi(native_build, tmp_path, "fake_init", config)
     assert proc.returncode == 0, proc.stderr
     res = _result(proc.stdout)
     assert res["initialized"] is False and res["state"] == -1 and res["last_error"] == message
@@ -394,10 +398,8 @@ def test_no_leak_error_paths_under_lsan(native_build, ctr_files):
         pytest.skip("no LeakSanitizer runtime (liblsan.so)")
     rounds = 500
     env = _env(PYTHONMALLOC="malloc", LSAN_OPTIONS=LSAN_OPTIONS, LD_PRELOAD=runtime)
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "c_abi_ctypes.py"), str(native_build["lib"]), "errors",
-         str(ctr_files["config"]), str(ctr_files["request"]), str(rounds)],
-        env=env, capture_output=True, text=True, timeout=300)
+    proc = _run_ctypes_script(native_build, "errors", str(ctr_files["config"]), str(ctr_files["request"]),
+                              str(rounds), env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-5000:]
     res = _result(proc.stdout)
     assert res["batch"] == [400, [200, 400, 400, 400, 200]]
