@@ -21,19 +21,12 @@ import os
 import subprocess
 import sys
 
-from benchmarks.common import RESULTS, memory_of, run_threads, write_results
+from benchmarks.common import RESULTS, demo_paths, memory_of, run_threads, write_results
 
 BATCHES = (1, 256)
 SESSIONS = (1, 2, 4)
 BACKENDS = ("tensorflow", "onnxruntime")
 CACHE_DIR = RESULTS.parent.parent / "artifacts" / "onnx_cache"
-
-
-def demo_paths(preset: str):
-    from demo.paths import DEFAULT_DEMO_DIR, ensure_demo_model
-
-    out_dir = DEFAULT_DEMO_DIR if preset == "full" else DEFAULT_DEMO_DIR.with_name(f"demo-{preset}")
-    return ensure_demo_model(out_dir, preset=preset)
 
 
 def open_group(paths, backend: str, session_num: int):

@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import processor_config, run_threads, write_results
+from benchmarks.common import demo_paths, processor_config, run_threads, write_results
 
 REPO = Path(__file__).resolve().parents[1]
 BUILD = REPO / "cpp_processor" / "build"
@@ -44,18 +44,6 @@ THREADS = (1, 2, 4)
 
 def build_native() -> None:
     subprocess.run(["bash", str(REPO / "scripts" / "build_native.sh")], cwd=REPO, check=True)
-
-
-def demo_paths(preset: str):
-    """The demo model: ``auto`` uses the full preset if it is built, else builds the small one."""
-    from demo.layout import read_model_card
-    from demo.paths import DEFAULT_DEMO_DIR, ensure_demo_model
-
-    if preset == "auto":
-        card = read_model_card(DEFAULT_DEMO_DIR)
-        preset = "full" if card is not None and card.get("preset") == "full" else "small"
-    out_dir = DEFAULT_DEMO_DIR if preset == "full" else DEFAULT_DEMO_DIR.with_name(f"demo-{preset}")
-    return preset, ensure_demo_model(out_dir, preset=preset)
 
 
 class HostSession:
@@ -152,7 +140,10 @@ def main() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
     build_native()
-    preset, paths = demo_paths(args.preset)
+    from demo.layout import read_model_card
+
+    paths = demo_paths(args.preset)
+    preset = read_model_card(paths.out_dir)["preset"]
     from demo.synthetic_data import synthetic_batch
     from processor import abi
     from processor.codec import encode_request

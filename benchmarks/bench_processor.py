@@ -22,19 +22,11 @@ import time
 
 import numpy as np
 
-from benchmarks.common import memory_of, processor_config, run_threads, write_results
+from benchmarks.common import demo_paths, memory_of, processor_config, run_threads, write_results
 
 BATCHES = (1, 256)
 THREADS = (1, 2, 4)
 SESSIONS = (1, 2, 4)
-
-
-def demo_paths(preset: str):
-    """The demo model of ``preset``, built on first use."""
-    from demo.paths import DEFAULT_DEMO_DIR, ensure_demo_model
-
-    out_dir = DEFAULT_DEMO_DIR if preset == "full" else DEFAULT_DEMO_DIR.with_name(f"demo-{preset}")
-    return ensure_demo_model(out_dir, preset=preset)
 
 
 class RawEngine:

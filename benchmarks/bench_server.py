@@ -207,7 +207,7 @@ def check_probabilities(name: str, got, want: np.ndarray) -> None:
 # --- the run -------------------------------------------------------------------------------------
 
 def bench(args) -> dict:
-    from benchmarks.bench_processor import demo_paths
+    from benchmarks.common import demo_paths
     from processor import codec
     from server.launcher import ServerProcess
 

@@ -31,17 +31,10 @@ import time
 import timeit
 from pathlib import Path
 
-from benchmarks.common import write_results
+from benchmarks.common import demo_paths, write_results
 
 BATCHES = (1, 64)
 UNTRACED = ("absent", "absent 2nd", "finished", "counting")
-
-
-def demo_paths(preset: str):
-    from demo.paths import DEFAULT_DEMO_DIR, ensure_demo_model
-
-    out_dir = DEFAULT_DEMO_DIR if preset == "full" else DEFAULT_DEMO_DIR.with_name(f"demo-{preset}")
-    return ensure_demo_model(out_dir, preset=preset)
 
 
 def config(paths, mode: str, trace_dir: str) -> dict:

@@ -83,3 +83,18 @@ def write_results(name: str, payload: dict, markdown: str) -> None:
     (RESULTS / f"{name}.md").write_text(markdown + "\n")
     print(markdown)
     print(f"\nwrote {RESULTS / (name + '.json')} and .md")
+
+
+def demo_paths(preset: str):
+    """The demo CTR model of ``preset`` (``full``, ``small``), built on first use.
+
+    ``auto``: the full preset if it is already built, else the small one (quick to build).
+    """
+    from demo.layout import read_model_card
+    from demo.paths import DEFAULT_DEMO_DIR, ensure_demo_model
+
+    if preset == "auto":
+        card = read_model_card(DEFAULT_DEMO_DIR)
+        preset = "full" if card is not None and card.get("preset") == "full" else "small"
+    out_dir = DEFAULT_DEMO_DIR if preset == "full" else DEFAULT_DEMO_DIR.with_name(f"demo-{preset}")
+    return ensure_demo_model(out_dir, preset=preset)
