@@ -22,7 +22,7 @@ class TraceEvent:
 
     ``name``: the op instance (graph node) name, e.g. ``mlp/layer_1/MatMul``;
     ``op``: the op type, e.g. ``MatMul``; ``device``: where it ran, e.g.
-    ``/job:localhost/replica:0/task:0/device:CPU:0`` or ``onnxruntime:CPUExecutionProvider``;
+    ``/job:localhost/replica:0/task:0/device:CPU:0`` or ``/ort:CPUExecutionProvider``;
     ``thread``: the engine thread that ran it (any stable non-negative int per thread);
     ``start_us`` / ``duration_us``: microseconds, start since the Unix epoch.
     """
@@ -42,9 +42,13 @@ class EngineTrace:
     Give ``events`` (any engine), or ``step_stats`` (a serialized ``tensorflow.StepStats``, for
     engines that produce one natively); when ``step_stats`` is set it is written as is and
     ``events`` may stay empty. ``thread_names`` optionally names engine threads
-    (``thread -> name``); the tracer adds the lane to them.
+    (``thread -> name``); the tracer adds the lane to them. ``stages``: spans of the call that
+    are the tracing's own cost, not serving work (``(name, start_us, duration_us)``, e.g. ONNX
+    Runtime's ``trace_setup`` / ``trace_collect``); they are shown among the processor's stages,
+    inside ``run``.
     """
 
     events: Sequence[TraceEvent] = ()
     step_stats: bytes = b""
     thread_names: dict[int, str] = field(default_factory=dict)
+    stages: Sequence[tuple[str, float, float]] = ()

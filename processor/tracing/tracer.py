@@ -241,10 +241,13 @@ def stage_events(recorder: TraceRecorder, model: str, engine_events: list[TraceE
     Adds three stages derived from the engine's events inside ``run``: ``lane_wait`` (the call
     until the engine's first op: feed conversion, session set-up, waiting for the lane's
     threads), ``engine`` (first op start to last op end) and ``return`` (last op end until the
-    call returned: fetching outputs back).
+    call returned: fetching outputs back). The engine's own ``stages`` (the tracing's own
+    cost) are added as they are.
     """
     tid = recorder.lane if recorder.lane is not None else 0
     stages = list(recorder.stages)
+    if recorder.engine is not None:
+        stages += recorder.engine.stages
     if recorder.run_window and engine_events:
         run_start, run_end = recorder.run_window
         first = min(e.start_us for e in engine_events)

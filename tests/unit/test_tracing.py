@@ -228,3 +228,15 @@ def test_session_group_runs_untraced_when_the_engine_cannot_trace():
     assert outputs == [f"lane {lane}"] and trace is None
     del Engine.run_traced  # a backend without the method at all
     assert group.run_traced({}, ("y",))[2] is None
+
+
+def test_engine_stages_join_the_processor_stages(tmp_path):
+    tracer = Tracer("m", 0, 1, 1, str(tmp_path))
+    rec = _recorder(tracer)
+    base = rec.run_window[0]
+    rec.engine = EngineTrace(events=rec.engine.events, stages=(("trace_setup", base + 1, 8.0),))
+    stats = step_stats.parse(build_step_stats(rec, "m"))
+    stages = next(d for d in stats.dev_stats if d.device == PROCESSOR_DEVICE)
+    by_name = {n.node_name: step_stats.node_times_us(n) for n in stages.node_stats}
+    assert by_name["trace_setup"][1] == pytest.approx(8.0, abs=0.5)
+    assert by_name["lane_wait"][1] == pytest.approx(10.0, abs=0.5)  # still run start to first op
