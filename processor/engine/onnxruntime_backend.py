@@ -30,13 +30,27 @@ old and some new rows); the SessionGroup's update gate holds runs while a delta 
 On a CUDA session the parameters were copied to the GPU at creation, so in-place updates do
 not reach it: ``variables`` is empty there and a delta fails clearly (a full reload works).
 
-Thread-safety: ``run`` from any number of threads (ORT sessions are thread-safe);
-``update_parameter`` / ``apply_delta`` from one thread at a time.
+Timeline tracing (:meth:`run_traced`): ORT profiles whole sessions and ``end_profiling()``
+stops a session's profiler for good, so a traced call gets a fresh profiling session of its own,
+built like the lane's serving session (same providers, thread settings, shared initializers: no
+weight copy on the CPU; a GPU lane's session copies the weights to the GPU for its short life).
+It runs the request twice, a warm-up and the profiled run, so the trace shows a warm run like
+the serving sessions' (first-run allocations left out). The profile file (in a private temporary
+directory) is read into events (:mod:`.ort_profile`) and deleted. The tracing's own cost shows
+as two stages of the request: ``trace_setup`` (session creation and warm-up; a few ms for the
+demo model) and ``trace_collect`` (ending the profile, reading it, closing the session).
+Traced calls take turns per backend. ``run`` is untouched by any of it.
+
+Thread-safety: ``run`` and ``run_traced`` from any number of threads (ORT sessions are
+thread-safe); ``update_parameter`` / ``apply_delta`` from one thread at a time.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
+import tempfile
 import threading
 import time
 from typing import Any
@@ -47,9 +61,11 @@ from ..checkpoint.delta import CheckpointError, Delta, VariableInfo
 from ..config import ModelConfig
 from ..errors import ConfigError, Internal, InvalidArgument
 from ..store.checkpoint_layout import ModelVersion
-from . import gpu, pinning
+from . import gpu, ort_profile, pinning
 from .onnx_convert import prepare
 from .string_hash import fingerprint64
+
+log = logging.getLogger(__name__)
 
 _global_pool_lock = threading.Lock()
 _global_pool_sizes: tuple[int, int] | None = None
@@ -114,7 +130,7 @@ class OnnxRuntimeBackend:
         self._forced_global = config.use_per_session_threads and global_pools_in_force() is not None
         per_session = config.use_per_session_threads and not self._forced_global
         self._per_session = per_session
-        cpusets = config.cpusets if per_session else ()
+        self._cpusets = cpusets = config.cpusets if per_session else ()
         if cpusets:
             pinning.check_cpus(cpusets)
         self._global_pools = None
@@ -125,16 +141,20 @@ class OnnxRuntimeBackend:
         for d in plan.lanes:
             self._session_lanes.setdefault(d.session, []).append(d.lane)
         self._pins: list[dict[str, Any]] = []
+        self._trace_lock = threading.Lock()
+        self._profile_dir: str | None = None
         try:
             for index in range(plan.sessions):
-                first_lane = self._session_lanes[index][0]
-                device = plan.lanes[first_lane]
-                cpus = cpusets[first_lane] if cpusets else None
-                self._sessions.append(self._open_session(index, device, cpus))
+                self._sessions.append(self._open_session(index, *self._session_target(index)))
         except Exception:
             self.close()
             raise
         self._lane_session = [self._sessions[d.session] for d in plan.lanes]
+
+    def _session_target(self, index: int) -> tuple[gpu.LaneDevice, tuple[int, ...] | None]:
+        """(device, cpus) of session ``index``: those of its first lane."""
+        first_lane = self._session_lanes[index][0]
+        return self._plan.lanes[first_lane], (self._cpusets[first_lane] if self._cpusets else None)
 
     def _session_options(self, cpus: tuple[int, ...] | None):
         ort = _ort()
@@ -219,14 +239,64 @@ class OnnxRuntimeBackend:
         try:
             return session.run([self._output_names[a] for a in fetches], ort_feeds)
         except Exception as exc:
-            kind = type(exc).__name__
-            if kind in ("InvalidArgument", "InvalidGraph") or "INVALID_ARGUMENT" in str(exc):
-                raise InvalidArgument(f"the model rejected the input: {exc}") from None
-            raise Internal(f"ONNX Runtime: {kind}: {exc}") from None
+            raise _engine_error(exc) from None
 
     def run_traced(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]):
-        """ORT profiles whole sessions, not one call; the request runs untraced."""
-        raise NotImplementedError("ONNX Runtime cannot trace a single call")
+        """``run`` on a fresh profiling session: (outputs, EngineTrace of per-op events).
+
+        See the module doc. Raises NotImplementedError (the request then runs untraced) when
+        no profiling session can be opened; the run's own errors are ``run``'s.
+        """
+        from ..tracing.events import EngineTrace
+
+        names = [self._output_names[a] for a in fetches]
+        ort_feeds = self._feeds(feeds)
+        device, cpus = self._session_target(self._plan.lanes[lane].session)
+        with self._trace_lock:
+            setup_ns = time.time_ns()
+            session = self._open_profiling_session(lane, device, cpus)
+            opened_ns = time.time_ns()
+            try:
+                session.run(names, ort_feeds)  # warm-up: the profiled run is a warm one
+                run_ns = time.time_ns()
+                outputs = session.run(names, ort_feeds)
+            except Exception as exc:
+                raise _engine_error(exc) from None
+            finally:
+                ran_ns = time.time_ns()
+                records = ort_profile.collect(session)
+            start_ns = session.get_profiling_start_time_ns()
+            del session  # its threads and buffers go now, inside trace_collect
+        try:
+            origin = ort_profile.origin_us(records, start_ns if setup_ns <= start_ns <= opened_ns else None,
+                                           run_ns)
+            events = ort_profile.events(records, origin, device.gpu)
+        except Exception as exc:  # noqa: BLE001 - tracing never fails a request
+            log.warning("ONNX Runtime profile not understood, trace without engine ops: %s: %s",
+                        type(exc).__name__, exc)
+            events = []
+        done_ns = time.time_ns()
+        stages = (("trace_setup", setup_ns / 1000.0, (run_ns - setup_ns) / 1000.0),
+                  ("trace_collect", ran_ns / 1000.0, (done_ns - ran_ns) / 1000.0))
+        return outputs, EngineTrace(events=events, stages=stages,
+                                    thread_names=ort_profile.thread_names(events, threading.get_native_id()))
+
+    def _open_profiling_session(self, lane: int, device: gpu.LaneDevice, cpus: tuple[int, ...] | None):
+        """A new session like the lane's, profiling from now on; NotImplementedError if ORT refuses."""
+        ort = _ort()
+        try:
+            if self._profile_dir is None:
+                self._profile_dir = tempfile.mkdtemp(prefix="sp-ort-profile-")
+            options = self._session_options(cpus)
+            options.enable_profiling = True
+            options.profile_file_prefix = os.path.join(self._profile_dir, f"lane{lane}")
+            with pinning.creation_lock:  # so that a model loading meanwhile does not count its threads
+                return ort.InferenceSession(self._prepared.model_path, options,
+                                            providers=gpu.ort_providers(device))
+        except Exception as exc:
+            log.warning("lane %d: no ONNX Runtime profiling session, request runs untraced: %s: %s",
+                        lane, type(exc).__name__, exc)
+            raise NotImplementedError(f"ONNX Runtime could not open a profiling session: {exc}") from None
 
     # --- parameters ---------------------------------------------------------------------------
 
@@ -321,7 +391,18 @@ class OnnxRuntimeBackend:
         }
 
     def close(self) -> None:
+        if self._profile_dir is not None:
+            shutil.rmtree(self._profile_dir, ignore_errors=True)
+            self._profile_dir = None
         self._sessions = []
         self._lane_session = []
         self._values = {}
         self._params = {}
+
+
+def _engine_error(exc: Exception) -> Exception:
+    """The ProcessorError for an exception of ``InferenceSession.run``."""
+    kind = type(exc).__name__
+    if kind in ("InvalidArgument", "InvalidGraph") or "INVALID_ARGUMENT" in str(exc):
+        return InvalidArgument(f"the model rejected the input: {exc}")
+    return Internal(f"ONNX Runtime: {kind}: {exc}")

@@ -2,7 +2,8 @@
 
 Checks the trace files (start / interval / count exactly), their content (graph op names,
 processor stages, lanes), gen_timeline's JSON and summary, DeepRec compatibility (TensorFlow's
-own timeline tool reads the files), and that tracing never fails or changes a request.
+own timeline tool reads the files), and that tracing never fails or changes a request; on
+TensorFlow and on ONNX Runtime (per-op profiles of the converted graph).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import shutil
+import tempfile
 import threading
 from contextlib import redirect_stdout
 
@@ -23,6 +25,16 @@ from processor.tracing import PROCESSOR_DEVICE, step_stats
 from tools.timeline import gen_timeline
 
 STAGES = {"request", "parse", "acquire", "decode", "run", "lane_wait", "engine", "return", "encode"}
+ORT_DEVICE = "/ort:CPUExecutionProvider"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def onnx_cache(tmp_path_factory):
+    """One ONNX conversion cache for the module (the ONNX Runtime tests convert the model once)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SP_ONNX_CACHE_DIR", str(tmp_path_factory.mktemp("onnx_cache")))
+    yield
+    mp.undo()
 
 
 def check_chrome_trace(doc) -> None:
@@ -42,6 +54,24 @@ def check_chrome_trace(doc) -> None:
 def timeline_config(paths, path, start, interval, count, **extra) -> dict:
     return model_config(paths, timeline_start_step=start, timeline_interval_step=interval,
                         timeline_trace_count=count, timeline_path=str(path), **extra)
+
+
+def assert_summary_ranks_heaviest_first(files: list[str]) -> None:
+    """gen_timeline --summary: the heaviest engine op (total over the files) heads the table."""
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert gen_timeline.main(["--summary", "--top", "5", *files]) == 0
+    totals: dict[str, float] = {}
+    for f in files:
+        for dev in gen_timeline.read_step_stats(f).dev_stats:
+            if dev.device != PROCESSOR_DEVICE:
+                for n in dev.node_stats:
+                    totals[n.node_name] = totals.get(n.node_name, 0.0) + step_stats.node_times_us(n)[1]
+    heaviest = max(totals, key=totals.get)
+    rows = buf.getvalue().splitlines()
+    assert rows[0].startswith("Top 5 of")
+    assert rows[3][5:49].rstrip() == (heaviest if len(heaviest) <= 44 else heaviest[:43] + "~")
+    assert "Processor stages" in buf.getvalue()
 
 
 def graph_node_names(savedmodel_dir) -> set[str]:
@@ -101,22 +131,7 @@ def test_traces_follow_start_interval_count(ctr_model_small, make_processor, tmp
         run = stages["run"]
         assert all(run["ts"] - 1 <= e["ts"] and e["ts"] + e["dur"] <= run["ts"] + run["dur"] + 1 for e in ops)
 
-    # the summary ranks the heaviest op first
-    files = [str(out / f"timeline-{k}") for k in range(3)]
-    buf = io.StringIO()
-    with redirect_stdout(buf):
-        assert gen_timeline.main(["--summary", "--top", "5", *files]) == 0
-    totals: dict[str, float] = {}
-    for f in files:
-        for dev in gen_timeline.read_step_stats(f).dev_stats:
-            if dev.device != PROCESSOR_DEVICE:
-                for n in dev.node_stats:
-                    totals[n.node_name] = totals.get(n.node_name, 0.0) + step_stats.node_times_us(n)[1]
-    heaviest = max(totals, key=totals.get)
-    rows = buf.getvalue().splitlines()
-    assert rows[0].startswith("Top 5 of")
-    assert rows[3].split()[1] == heaviest[:44].rstrip("~")
-    assert "Processor stages" in buf.getvalue()
+    assert_summary_ranks_heaviest_first([str(out / f"timeline-{k}") for k in range(3)])
 
     # DeepRec compatibility: TensorFlow's timeline tool (what DeepRec's gen_timeline.py runs)
     from tensorflow.core.protobuf import config_pb2
@@ -127,6 +142,71 @@ def test_traces_follow_start_interval_count(ctr_model_small, make_processor, tmp
     tf_doc = json.loads(timeline.Timeline(metadata.step_stats).generate_chrome_trace_format())
     tf_names = {e["args"].get("name") for e in tf_doc["traceEvents"] if e.get("ph") == "X"}
     assert {"decode", "run", "encode"} <= tf_names and len(tf_names & graph_nodes) >= 20
+
+
+def test_onnxruntime_traces_show_the_onnx_ops(ctr_model_small, make_processor, tmp_path, monkeypatch):
+    import onnx
+
+    from demo.synthetic_data import synthetic_batch
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # where ORT's profile files go
+    (tmp_path / "tmp").mkdir()
+    out = tmp_path / "timelines"
+    p = make_processor(timeline_config(ctr_model_small, out, start=1, interval=2, count=3, backend="onnxruntime",
+                                       session_num=2, use_per_session_threads=True, select_session_policy="RR"))
+    requests = [codec.encode_request(synthetic_batch(16, seed)) for seed in range(8)]
+    expected = [p.dataplane._predict_message(p.name, codec.parse_request(r)) for r in requests]  # untraced
+    assert [p.process(r) for r in requests] == [(200, body) for body in expected]  # steps 1, 3, 5 traced
+    assert p.tracer.flush(30)
+    assert sorted(f.name for f in out.iterdir()) == ["timeline-0", "timeline-1", "timeline-2"]
+    info = p.model_info()
+    assert (info["timeline"]["written"], info["timeline"]["write_errors"]) == (3, 0)
+
+    model = onnx.load(f"{info['session_group']['model']['cache']}/model.onnx")
+    onnx_nodes = {n.name for n in model.graph.node}
+    for k in range(3):
+        stats = gen_timeline.read_step_stats(out / f"timeline-{k}")
+        assert sorted(d.device for d in stats.dev_stats) == [ORT_DEVICE, PROCESSOR_DEVICE]
+        doc = json.loads(json.dumps(gen_timeline.chrome_trace(stats, source=str(out / f"timeline-{k}"))))
+        check_chrome_trace(doc)
+        ops = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] != "processor stage"]
+        assert {e["args"]["device"] for e in ops} == {ORT_DEVICE}
+        assert len({e["name"] for e in ops} & onnx_nodes) >= 20, sorted(e["name"] for e in ops)
+        assert {"Gather", "Mod", "Sigmoid"} <= {e["cat"] for e in ops}
+        assert {"Gemm", "FusedGemm"} & {e["cat"] for e in ops}
+        stages = {e["name"]: e for e in doc["traceEvents"] if e.get("cat") == "processor stage"}
+        assert set(stages) == STAGES | {"trace_setup", "trace_collect"}
+        run, setup, collect = stages["run"], stages["trace_setup"], stages["trace_collect"]
+        # the profiled run lies inside run, between the tracing's set-up (with a warm-up) and collection
+        assert all(setup["ts"] + setup["dur"] - 1 <= e["ts"] and e["ts"] + e["dur"] <= collect["ts"] + 1
+                   for e in ops)
+        assert run["ts"] - 1 <= setup["ts"] and collect["ts"] + collect["dur"] <= run["ts"] + run["dur"] + 1
+        lane = stages["request"]["tid"]  # the processor's stages sit on the lane's track
+        threads = [e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"]
+        assert f"lane {lane}: calling thread" in threads, threads  # the request's thread ran the ops
+
+    assert_summary_ranks_heaviest_first([str(out / f"timeline-{k}") for k in range(3)])
+    assert not list((tmp_path / "tmp").rglob("*.json"))  # profile files are deleted after each trace
+    p.close()
+    assert not list((tmp_path / "tmp").iterdir())  # and the profile directory with the model
+
+
+def test_onnxruntime_run_errors_are_the_untraced_ones(ctr_model_small, make_processor, tmp_path, monkeypatch):
+    from demo.synthetic_data import synthetic_batch
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    p = make_processor(timeline_config(ctr_model_small, tmp_path / "tl", start=0, interval=1, count=1,
+                                       backend="onnxruntime", use_per_session_threads=True))
+    feeds = dict(synthetic_batch(4, 1), dense=synthetic_batch(3, 1)["dense"])  # batch 3 vs 4: ORT fails
+    status, body = p.process(codec.encode_request(feeds))  # step 0: traced
+    assert status == 500 and b"features/concat" in body
+    assert p.process(codec.encode_request(feeds)) == (status, body)  # untraced: the same answer
+    assert p.tracer.flush(30)
+    stats = gen_timeline.read_step_stats(tmp_path / "tl" / "timeline-0")
+    assert [d.device for d in stats.dev_stats] == [PROCESSOR_DEVICE]
+    assert "error=" in next(n.timeline_label for n in stats.dev_stats[0].node_stats if n.node_name == "request")
+    assert not list((tmp_path / "tmp").rglob("*.json"))
 
 
 def test_failed_requests_are_traced_and_write_errors_never_fail_requests(ctr_model_small, make_processor,
@@ -172,11 +252,12 @@ def test_bad_timeline_path_fails_initialize(ctr_model_small, tmp_path):
         abi.initialize("m", config)
 
 
-def test_concurrent_requests_remote_store(ctr_model_small, make_processor):
+@pytest.mark.parametrize("backend", ["tensorflow", "onnxruntime"])
+def test_concurrent_requests_remote_store(ctr_model_small, make_processor, backend):
     from demo.synthetic_data import synthetic_batch
 
-    url = "memory://timeline-it/run1"
-    p = make_processor(timeline_config(ctr_model_small, url, start=10, interval=7, count=5,
+    url = f"memory://timeline-it/{backend}"
+    p = make_processor(timeline_config(ctr_model_small, url, start=10, interval=7, count=5, backend=backend,
                                        session_num=2, use_per_session_threads=True, select_session_policy="RR"))
     requests = [codec.encode_request(synthetic_batch(2, seed)) for seed in range(4)]
     expected = [p.dataplane._predict_message(p.name, codec.parse_request(r)) for r in requests]
@@ -197,14 +278,16 @@ def test_concurrent_requests_remote_store(ctr_model_small, make_processor):
     assert not errors, errors[:3]
     assert p.tracer.flush(30)
     fs = fsspec.filesystem("memory")
-    names = sorted(x.rsplit("/", 1)[1] for x in fs.ls("/timeline-it/run1", detail=False))
+    names = sorted(x.rsplit("/", 1)[1] for x in fs.ls(f"/timeline-it/{backend}", detail=False))
     assert names == [f"timeline-{k}" for k in range(5)]
     steps = set()
     for name in names:
-        stats = step_stats.parse(fs.cat(f"/timeline-it/run1/{name}"))
+        stats = step_stats.parse(fs.cat(f"/timeline-it/{backend}/{name}"))
         stage = next(d for d in stats.dev_stats if d.device == PROCESSOR_DEVICE)
         label = next(n.timeline_label for n in stage.node_stats if n.node_name == "request")
         steps.add(int(label.split("step=")[1].split(",")[0]))
-        assert len(stats.dev_stats) == 2
+        assert len(stats.dev_stats) == 2 and all(d.node_stats for d in stats.dev_stats)
+        if backend == "onnxruntime":
+            assert {d.device for d in stats.dev_stats} == {ORT_DEVICE, PROCESSOR_DEVICE}
     assert steps == {10, 17, 24, 31, 38}
-    fs.rm("/timeline-it", recursive=True)
+    fs.rm(f"/timeline-it/{backend}", recursive=True)

@@ -230,6 +230,72 @@ def test_session_group_runs_untraced_when_the_engine_cannot_trace():
     assert group.run_traced({}, ("y",))[2] is None
 
 
+# --- ONNX Runtime profiles (processor.engine.ort_profile) -------------------------------------
+
+def _ort_records() -> list[dict]:
+    """An ORT 1.31 profile of two runs (a warm-up, then the profiled run), trimmed."""
+    def node(name, op, ts, dur, tid=41, provider="CPUExecutionProvider"):
+        return {"cat": "Node", "pid": 40, "tid": tid, "dur": dur, "ts": ts, "ph": "X", "name": name,
+                "args": {"op_name": op, "provider": provider, "thread_scheduling_stats": ""}}
+
+    return [
+        {"cat": "Session", "pid": 40, "tid": 40, "dur": 300, "ts": 10, "ph": "X", "name": "model_loading_uri"},
+        {"cat": "Session", "pid": 40, "tid": 40, "dur": 5000, "ts": 400, "ph": "X", "name": "session_initialization"},
+        node("emb/Gather_kernel_time", "Gather", 6000, 90),  # warm-up run
+        {"cat": "Session", "pid": 40, "tid": 41, "dur": 200, "ts": 5990, "ph": "X", "name": "model_run"},
+        node("emb/Gather_fence_before", "Gather", 7005, 0),
+        node("emb/Gather_kernel_time", "Gather", 7010, 40),
+        node("fused mlp/MatMulAddFusion_kernel_time", "FusedGemm", 7060, 25, tid=42),
+        node("probability_kernel_time", "Sigmoid", 7090, 3),
+        {"cat": "Session", "pid": 40, "tid": 41, "dur": 100, "ts": 7000, "ph": "X", "name": "model_run"},
+    ]
+
+
+def test_ort_profile_events_keep_the_last_run_on_the_wall_clock():
+    from processor.engine import ort_profile
+
+    origin = ort_profile.origin_us(_ort_records(), 1_700_000_000_000_000_000, 0)
+    events = ort_profile.events(_ort_records(), origin)
+    assert [(e.name, e.op) for e in events] == [
+        ("emb/Gather", "Gather"), ("fused mlp/MatMulAddFusion", "FusedGemm"), ("probability", "Sigmoid")]
+    assert {e.device for e in events} == {"/ort:CPUExecutionProvider"}
+    assert events[0].start_us == 1_700_000_000_000_000 + 7010 and events[0].duration_us == 40
+    assert [e.thread for e in events] == [41, 42, 41]
+    assert ort_profile.thread_names(events, caller=41) == {41: "calling thread", 42: "ORT pool thread 42"}
+    # no wall-clock profiler start: the last model_run starts when the run was called
+    assert ort_profile.origin_us(_ort_records(), None, 9_000_000) == 9_000 - 7000
+    cuda = [dict(r, args=dict(r["args"], provider="CUDAExecutionProvider")) if r["cat"] == "Node" else r
+            for r in _ort_records()]
+    assert {e.device for e in ort_profile.events(cuda, 0.0, gpu=1)} == {"/ort:CUDAExecutionProvider/gpu:1"}
+    assert ort_profile.device_name("CPUExecutionProvider", gpu=1) == "/ort:CPUExecutionProvider"
+    with pytest.raises(ValueError, match="model_run"):
+        ort_profile.events([r for r in _ort_records() if r["name"] != "model_run"], 0.0)
+
+
+def test_ort_profile_collect_deletes_the_file_and_never_raises(tmp_path):
+    import json
+
+    from processor.engine import ort_profile
+
+    class Session:
+        def __init__(self, result):
+            self.result = result
+
+        def end_profiling(self):
+            if isinstance(self.result, Exception):
+                raise self.result
+            return self.result
+
+    path = tmp_path / "lane0_2026.json"
+    path.write_text(json.dumps(_ort_records()))
+    assert ort_profile.collect(Session(str(path))) == _ort_records()
+    assert not path.exists()
+    path.write_text("{not json")
+    assert ort_profile.collect(Session(str(path))) == [] and not path.exists()
+    assert ort_profile.collect(Session("")) == []  # profiling already ended
+    assert ort_profile.collect(Session(RuntimeError("boom"))) == []
+
+
 def test_engine_stages_join_the_processor_stages(tmp_path):
     tracer = Tracer("m", 0, 1, 1, str(tmp_path))
     rec = _recorder(tracer)

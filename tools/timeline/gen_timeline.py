@@ -7,8 +7,9 @@ write them (``<timeline_path>/timeline-<k>``). Usage, DeepRec's plus a summary m
     python tools/timeline/gen_timeline.py --summary [--top 15] timeline-0 [timeline-1 ...]
     python tools/timeline/gen_timeline.py -s timeline-0 out.json     # both
 
-In the JSON each device is a process (engine devices first by name, the processor's own stages
-as ``/processor:stages``), each thread a track named after its lane (``lane 0: thread 12``),
+In the JSON each device is a process (the processor's own stages as ``/processor:stages``,
+then the engine's devices: TensorFlow's ``/job:localhost/...``, ONNX Runtime's providers as
+``/ort:CPUExecutionProvider``), each thread a track named after its lane (``lane 0: thread 12``),
 each op a complete event named after its graph node, with its op type as category. Times are
 microseconds from the earliest event; the absolute start is kept in ``otherData``.
 
@@ -128,11 +129,12 @@ def format_summary(summary: dict) -> str:
         lines.append(f"{i:>3}  {_clip(r['name'], 44):<44} {_clip(r['op'], 24):<24} {r['count']:>5} "
                      f"{r['total_us']:>10.1f} {r['mean_us']:>9.1f} {r['max_us']:>9.1f} {r['share']:>6.1%}")
     if summary["stages"]:
-        lines += ["", "Processor stages (nested: request > parse, acquire, decode, run > lane_wait, engine, return; encode)"]
-        header = f"{'stage':<12} {'calls':>5} {'total us':>10} {'mean us':>9} {'max us':>9}"
+        lines += ["", "Processor stages (nested: request > parse, acquire, decode, run > lane_wait, engine, return; "
+                      "encode; the tracing's own cost on ONNX Runtime: lane_wait > trace_setup, return > trace_collect)"]
+        header = f"{'stage':<14} {'calls':>5} {'total us':>10} {'mean us':>9} {'max us':>9}"
         lines += [header, "-" * len(header)]
         for r in summary["stages"]:
-            lines.append(f"{r['name']:<12} {r['count']:>5} {r['total_us']:>10.1f} {r['mean_us']:>9.1f} {r['max_us']:>9.1f}")
+            lines.append(f"{r['name']:<14} {r['count']:>5} {r['total_us']:>10.1f} {r['mean_us']:>9.1f} {r['max_us']:>9.1f}")
     return "\n".join(lines)
 
 
