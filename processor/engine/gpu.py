@@ -70,6 +70,17 @@ def cpu_plan(lanes: int, note: str = "") -> DevicePlan:
     return DevicePlan(tuple(LaneDevice(i, None, 0, "/device:CPU:0", i) for i in range(lanes)), (), False, note)
 
 
+def virtual_cpu_plan(lanes: int) -> DevicePlan:
+    """Lane ``k`` on virtual CPU device ``/device:CPU:k``: the GPU lanes' per-lane graph copies, no GPU.
+
+    The test route of :mod:`processor.engine.lane_graphs`: a backend given this plan builds one
+    graph copy per lane exactly as for lanes on (virtual) GPUs, on a session with ``lanes`` CPU
+    devices (:func:`configure_tf_cpus`). Not reachable from a model config.
+    """
+    return DevicePlan(tuple(LaneDevice(i, None, 0, f"/device:CPU:{i}", i) for i in range(lanes)), (), False,
+                      "virtual CPU devices, one per lane (the GPU lanes' graph-copy path run on the CPU)")
+
+
 def assign_devices(gpu_ids: tuple[int, ...] | list[int], session_num: int, use_multi_stream: bool,
                    visible_gpus: int, *, fallback_to_cpu: bool = False, why_none: str = "") -> DevicePlan:
     """The device of every lane. Raises ConfigError for ids this machine does not have."""
@@ -115,6 +126,13 @@ def configure_tf_gpus(session_config, plan: DevicePlan, session_num: int) -> Non
     options.allow_growth = True
     if plan.multi_stream and session_num > 1:
         options.experimental.num_virtual_devices_per_gpu = session_num
+
+
+def configure_tf_cpus(session_config, plan: DevicePlan) -> None:
+    """``ConfigProto.device_count["CPU"]`` for a plan naming virtual CPU devices (``/device:CPU:k``)."""
+    ids = [int(d.tf_device.rsplit(":", 1)[1]) for d in plan.lanes if d.tf_device.startswith("/device:CPU:")]
+    if ids and max(ids) > 0:
+        session_config.device_count["CPU"] = max(ids) + 1
 
 
 def ort_providers(device: LaneDevice) -> list:
