@@ -172,8 +172,9 @@ def replay_raw_ids(graph, lookup: Lookup) -> str:
             if "T" in attrs:
                 attrs["T"] = _attr_type(current.dtype)
             dtypes = [current.dtype if o.dtype.is_integer else o.dtype for o in op.outputs]
-            new = graph.create_op(op.type, [current, *op.inputs[1:]], dtypes,
-                                  name=f"processor_raw_ids/{op.name}", attrs=attrs)
+            with graph.device(op.device):  # where the op it replays was placed
+                new = graph.create_op(op.type, [current, *op.inputs[1:]], dtypes,
+                                      name=f"processor_raw_ids/{op.name}", attrs=attrs)
             current = new.outputs[index]
     return current.name
 
@@ -196,19 +197,23 @@ class EmbeddingService:
         for lk in lookups:
             if lk.keyed_by == "raw" and lk.raw_ids and lk.mapping:
                 lk.raw_ids = replay_raw_ids(graph, lk)
-        key_names = list(dict.fromkeys(lk.key_tensor for lk in lookups))
-        self._key_tensors = [graph.get_tensor_by_name(n) for n in key_names]
-        self._key_index = [key_names.index(lk.key_tensor) for lk in lookups]
-        self._gathered = [graph.get_tensor_by_name(lk.output) for lk in lookups]
-        self._phase1 = None
+        self.key_tensor_names = list(dict.fromkeys(lk.key_tensor for lk in lookups))
+        self._key_index = [self.key_tensor_names.index(lk.key_tensor) for lk in lookups]
+        self._phase1: dict[str, Any] = {}  # by graph-copy scope (see lane_graphs)
 
-    def make_callable(self, fetch_tensors, feed_tensors):
-        """A callable like ``Session.make_callable(fetches, feeds, accept_options=True)``'s."""
-        session = self._session
-        if self._phase1 is None:
-            self._phase1 = session.make_callable(self._key_tensors, feed_tensors, accept_options=True)
-        phase1 = self._phase1
-        phase2 = session.make_callable(fetch_tensors, list(feed_tensors) + self._gathered, accept_options=True)
+    def make_callable(self, fetch_tensors, feed_tensors, scope: str = ""):
+        """A callable like ``Session.make_callable(fetches, feeds, accept_options=True)``'s.
+
+        ``scope``: the name prefix of the lane's graph copy whose key tensors and gathers to use
+        (``""``: the imported graph). Not thread-safe: the backend builds callables under a lock.
+        """
+        session, graph = self._session, self._graph
+        phase1 = self._phase1.get(scope)
+        if phase1 is None:
+            keys = [graph.get_tensor_by_name(scope + n) for n in self.key_tensor_names]
+            phase1 = self._phase1[scope] = session.make_callable(keys, feed_tensors, accept_options=True)
+        gathered = [graph.get_tensor_by_name(scope + lk.output) for lk in self.lookups]
+        phase2 = session.make_callable(fetch_tensors, list(feed_tensors) + gathered, accept_options=True)
         lookups, key_index, tables = self.lookups, self._key_index, self.tables
 
         def run(*feeds, options=None, run_metadata=None):

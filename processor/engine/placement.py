@@ -16,7 +16,8 @@ ops those are, from a GraphDef alone (pure; runs and is tested without a GPU):
 * string hashing ops anywhere (``StringToHashBucket*``) and other string ops.
 
 Everything else that computes (not a Placeholder, not a NoOp / init / saver op) is the dense
-part and goes to the GPU. :func:`apply_plan` writes the devices into a GraphDef.
+part and goes to the GPU. :func:`apply_plan` writes the devices into a GraphDef; the backend pins
+every lane's graph copy with :func:`processor.engine.lane_graphs.pin`.
 """
 
 from __future__ import annotations
@@ -185,20 +186,3 @@ def apply_plan(graph_def, plan: PlacementPlan, gpu_device: str, cpu_device: str 
             count += 1
     return count
 
-
-def place_meta_graph(meta_graph, outputs: Iterable[str], enabled: bool, gpu_device: str | None) -> dict[str, Any]:
-    """Plan (and, with a GPU, apply) placement on a MetaGraphDef before it is imported.
-
-    Returns the report for model info. Without a GPU the plan is computed and reported but
-    nothing is pinned (every op runs on the CPU anyway).
-    """
-    if not enabled:
-        return {"enabled": False}
-    graph_def = meta_graph.graph_def
-    plan = plan_placement(graph_def, serving_ancestors(graph_def, outputs))
-    report: dict[str, Any] = {"enabled": True, **plan.describe()}
-    if gpu_device is None:
-        report.update(applied=False, note="no GPU in this group: the plan is not applied, every op runs on the CPU")
-    else:
-        report.update(applied=True, gpu_device=gpu_device, ops_placed=apply_plan(graph_def, plan, gpu_device))
-    return report

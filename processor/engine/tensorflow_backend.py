@@ -6,6 +6,11 @@ thread pools (``ConfigProto.session_inter_op_thread_pool``); a lane's calls run 
 ``RunOptions.inter_op_thread_pool = lane`` (or ``-1``, the caller's thread, with inline
 execution). Weights are held once whatever the lane count.
 
+Devices: when the lanes' device plan puts them on distinct devices (virtual GPUs with
+``use_multi_stream``, several ``gpu_ids_list`` GPUs; virtual CPUs in tests), each device runs its
+own copy of the serving subgraph, all copies reading the one set of variables
+(:mod:`processor.engine.lane_graphs`); a lane's callables feed and fetch its copy.
+
 Loading follows the SavedModel loader: import the ``serve`` meta graph, restore parameters from
 the full checkpoint prefix through the graph's ``saver_def`` (or from the SavedModel's own
 variables), run the main / legacy init op. Thread-safe after construction (TF callables are).
@@ -25,7 +30,7 @@ from ..checkpoint.delta import Delta, VariableInfo, read_delta
 from ..features.ev_checkpoint import StoreDelta, TableSource, read_store_delta
 from ..signature import Signature, TensorSpec
 from ..store.checkpoint_layout import ModelVersion
-from . import embedding_lookup, gpu, pinning, placement
+from . import embedding_lookup, gpu, lane_graphs, pinning
 from .tf_variables import VariableUpdater
 
 SERVE_TAGS = ["serve"]
@@ -61,7 +66,7 @@ class TensorFlowBackend:
         self.lanes = lanes
         self._config = config
         self._version = version
-        self._callables: dict[tuple[str, ...], Any] = {}
+        self._callables: dict[tuple[int, tuple[str, ...]], Any] = {}  # (graph copy, fetches)
         self._callables_lock = threading.Lock()
 
         session_config = tf.compat.v1.ConfigProto(
@@ -71,6 +76,7 @@ class TensorFlowBackend:
         )
         self._devices = devices or gpu.cpu_plan(lanes)
         gpu.configure_tf_gpus(session_config, self._devices, config.session_num)
+        gpu.configure_tf_cpus(session_config, self._devices)
         per_lane_pools = config.use_per_session_threads
         if per_lane_pools:
             for _ in range(lanes):
@@ -102,10 +108,13 @@ class TensorFlowBackend:
             raise NotFound(f"signature_name {config.signature_name!r} not in the SavedModel; "
                            f"available: {available}")
         self.signature = _signature_from_def(config.signature_name, sig_def)
-        dense_device = self._devices.lanes[0].tf_device if self._devices.on_gpu else None
-        self._placement = placement.place_meta_graph(
-            meta_graph, [s.name for s in self.signature.outputs.values()],
-            config.enable_device_placement_optimization, dense_device)
+        outputs = [s.name for s in self.signature.outputs.values()]
+        # Lanes on distinct devices get their own copy of the serving graph (lane_graphs).
+        self._lanes = lane_graphs.lane_map(self._devices)
+        placement_on = config.enable_device_placement_optimization
+        self._pinned = self._devices.on_gpu or self._lanes.replicated
+        self._placement, cpu_ops = lane_graphs.place_first_copy(
+            meta_graph, outputs, self._lanes, placement_on, self._pinned)
 
         self._graph = tf.Graph()
         with pinning.creation_lock, pinning.new_threads() as created:
@@ -120,8 +129,7 @@ class TensorFlowBackend:
                 prefix = version.full_prefix or os.path.join(version.savedmodel_dir, "variables", "variables")
                 # Embedding lookups served from a FeatureStore: their tables are never restored here.
                 self._embedding, self._embedding_report = embedding_lookup.attach(
-                    self._graph, self._session, meta_graph, [s.name for s in self.signature.outputs.values()],
-                    prefix, version, features)
+                    self._graph, self._session, meta_graph, outputs, prefix, version, features)
                 if self._embedding is None:
                     self._session.run(saver_def.restore_op_name, {saver_def.filename_tensor_name: prefix},
                                       options=self._update_options)
@@ -133,6 +141,9 @@ class TensorFlowBackend:
                 self._updater.apply(Delta(-1, dense=embedding_lookup.dense_values(prefix, dense)))
                 with self._graph.as_default():
                     loader.run_init_ops(self._session, SERVE_TAGS)
+            if self._lanes.replicated:
+                keys = self._embedding.key_tensor_names if self._embedding is not None else []
+                self._lanes = lane_graphs.import_copies(self._graph, self._lanes, outputs, keys, cpu_ops, placement_on)
         except ProcessorError:
             self.close()
             raise
@@ -140,14 +151,17 @@ class TensorFlowBackend:
             self.close()
             source = version.full_prefix or version.savedmodel_dir
             raise Internal(f"loading {source!r} failed: {type(exc).__name__}: {exc}") from None
-        self._feed_tensors = [self._graph.get_tensor_by_name(s.name) for s in self.signature.inputs.values()]
+        self._feed_tensors = [[self._graph.get_tensor_by_name(c.scope + s.name) for s in self.signature.inputs.values()]
+                              for c in self._lanes.copies]
         self._feed_aliases = list(self.signature.inputs)
+        self._lane_report = lane_graphs.describe(self._lanes, self._graph, placement_on, self._pinned)
         self._pinning = self._pin(created, per_lane_pools)
 
     # --- serving ----------------------------------------------------------------------------
 
     def run(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]) -> list[np.ndarray]:
-        fn = self._callables.get(fetches) or self._make_callable(fetches)
+        key = (self._lanes.copy_of_lane[lane], fetches)
+        fn = self._callables.get(key) or self._make_callable(key)
         tf = _tf()
         try:
             return fn(*[feeds[a] for a in self._feed_aliases], options=self._run_options[lane])
@@ -165,7 +179,8 @@ class TensorFlowBackend:
         """
         from ..tracing.events import EngineTrace
 
-        fn = self._callables.get(fetches) or self._make_callable(fetches)
+        key = (self._lanes.copy_of_lane[lane], fetches)
+        fn = self._callables.get(key) or self._make_callable(key)
         tf = _tf()
         options = tf.compat.v1.RunOptions()
         options.CopyFrom(self._run_options[lane])
@@ -182,16 +197,19 @@ class TensorFlowBackend:
             raise Internal(f"{type(exc).__name__}: {exc.message}") from None
         return outputs, EngineTrace(step_stats=metadata.step_stats.SerializeToString())
 
-    def _make_callable(self, fetches: tuple[str, ...]):
+    def _make_callable(self, key: tuple[int, tuple[str, ...]]):
+        """The callable of one graph copy (the lane's) for ``fetches``: built once."""
         with self._callables_lock:
-            fn = self._callables.get(fetches)
+            fn = self._callables.get(key)
             if fn is None:
-                tensors = [self._graph.get_tensor_by_name(self.signature.outputs[a].name) for a in fetches]
+                copy, fetches = key
+                scope, feeds = self._lanes.copies[copy].scope, self._feed_tensors[copy]
+                tensors = [self._graph.get_tensor_by_name(scope + self.signature.outputs[a].name) for a in fetches]
                 if self._embedding is not None:
-                    fn = self._embedding.make_callable(tensors, self._feed_tensors)
+                    fn = self._embedding.make_callable(tensors, feeds, scope)
                 else:
-                    fn = self._session.make_callable(tensors, self._feed_tensors, accept_options=True)
-                self._callables[fetches] = fn
+                    fn = self._session.make_callable(tensors, feeds, accept_options=True)
+                self._callables[key] = fn
         return fn
 
     # --- parameter updates ------------------------------------------------------------------
@@ -265,7 +283,7 @@ class TensorFlowBackend:
             "engine": "tensorflow",
             "engine_version": tf.__version__,
             "lanes": self.lanes,
-            "weights": "one Session: one copy of every parameter for all lanes",
+            "weights": "one Session: one copy of every parameter for all lanes (and all graph copies)",
             "inter_op_pool_per_lane": [o.inter_op_thread_pool for o in opts],
             "inter_op_parallelism_threads": self._config.inter_op_parallelism_threads,
             "intra_op_parallelism_threads": self._config.intra_op_parallelism_threads,
@@ -273,9 +291,7 @@ class TensorFlowBackend:
                             if self._config.model_update_inter_threads else "the session's default pool")
                            + "; intra-op work shares the process-wide pool",
             "pinning": self._pinning,
-            "devices": {**self._devices.describe(), **({"note": (
-                "one graph: its dense part runs on the first lane's device; lanes on other (virtual) "
-                "GPUs need per-lane graph replicas, not built yet")} if self._devices.on_gpu else {})},
+            "devices": {**self._devices.describe(), "lane_graphs": self._lane_report},
             "device_placement": self._placement,
             "embedding": self._embedding.describe() if self._embedding is not None else self._embedding_report,
         }
