@@ -45,6 +45,14 @@ class Backend(Protocol):
         """The parameters a delta may update, by checkpoint name."""
         ...
 
+    def read_delta(self, prefix: str, step: int) -> Delta:
+        """Read a delta checkpoint and check it against this model (off the request path)."""
+        ...
+
+    def stage_delta(self, delta: Delta) -> None:
+        """Before ``apply_delta``, off the request path: write what shared stores hold."""
+        ...
+
     def apply_delta(self, delta: Delta) -> None:
         """Write a checked delta into the weights all lanes share. Called with no run in flight."""
         ...

@@ -57,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from ..checkpoint.delta import CheckpointError, Delta, VariableInfo
+from ..checkpoint.delta import CheckpointError, Delta, VariableInfo, read_delta
 from ..config import ModelConfig
 from ..errors import ConfigError, Internal, InvalidArgument
 from ..store.checkpoint_layout import ModelVersion
@@ -338,6 +338,13 @@ class OnnxRuntimeBackend:
             if len(rows) and (rows.min() < 0 or rows.max() >= target.shape[0]):
                 raise ValueError(f"{name}: row ids outside [0, {target.shape[0]})")
             target[rows] = values
+
+    def read_delta(self, prefix: str, step: int) -> Delta:
+        """Read and check a delta against the model's parameters."""
+        return read_delta(prefix, step, self.variables)
+
+    def stage_delta(self, delta: Delta) -> None:
+        """Nothing to stage: every parameter lives in this process."""
 
     def apply_delta(self, delta: Delta) -> None:
         """Write a checked delta into the shared arrays (no run is in flight: the gate holds them)."""

@@ -30,7 +30,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..checkpoint.delta import read_delta
 from ..config import ModelConfig
 from ..engine.session_group import SessionGroup, open_session_group
 from ..features import open_feature_store
@@ -53,20 +52,6 @@ class _Failure:
     attempts: int
     retry_at: float
     error: str
-
-
-def _read_delta(group: SessionGroup, prefix: str, step: int):
-    """Read a delta the way the group's engine wants it (store-served tables take their own keys)."""
-    reader = getattr(group.backend, "read_delta", None)
-    if reader is not None:
-        return reader(prefix, step)
-    return read_delta(prefix, step, group.backend.variables)
-
-
-def _stage_delta(group: SessionGroup, delta) -> None:
-    stage = getattr(group.backend, "stage_delta", None)
-    if stage is not None:
-        stage(delta)
 
 
 def needs_full_load(served: ModelVersion, target: ModelVersion) -> bool:
@@ -172,8 +157,8 @@ class ModelManager:
         group.version = version  # loaded from the local copy; serves (and reports) the store's version
         try:
             if version.delta_prefix:
-                delta = _read_delta(group, local.delta_prefix, version.delta_step)
-                _stage_delta(group, delta)
+                delta = group.backend.read_delta(local.delta_prefix, version.delta_step)
+                group.backend.stage_delta(delta)
                 group.apply_delta(delta, version)
             if self._current is None:
                 self.state = "warming"
@@ -192,8 +177,8 @@ class ModelManager:
         started = time.monotonic()
         handle = self._current
         local = self.store.materialize(version)
-        delta = _read_delta(handle.group, local.delta_prefix, version.delta_step)
-        _stage_delta(handle.group, delta)  # rows a shared store holds: written before the gate
+        delta = handle.group.backend.read_delta(local.delta_prefix, version.delta_step)
+        handle.group.backend.stage_delta(delta)  # rows a shared store holds: written before the gate
         hold = handle.group.apply_delta(delta, version)
         self.stats["last_delta_hold_seconds"] = round(hold, 6)
         self._served(version, "delta_updates", "last_delta_seconds", time.monotonic() - started)
