@@ -160,11 +160,21 @@ class TensorFlowBackend:
     # --- serving ----------------------------------------------------------------------------
 
     def run(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]) -> list[np.ndarray]:
+        return self._call(lane, feeds, fetches, self._run_options[lane])
+
+    def _call(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...], options,
+              metadata=None) -> list[np.ndarray]:
+        """Run lane's callable; engine errors become ProcessorErrors (AlreadyExists passes)."""
         key = (self._lanes.copy_of_lane[lane], fetches)
         fn = self._callables.get(key) or self._make_callable(key)
         tf = _tf()
+        args = [feeds[a] for a in self._feed_aliases]
         try:
-            return fn(*[feeds[a] for a in self._feed_aliases], options=self._run_options[lane])
+            if metadata is None:
+                return fn(*args, options=options)
+            return fn(*args, options=options, run_metadata=metadata)
+        except tf.errors.AlreadyExistsError:
+            raise
         except tf.errors.InvalidArgumentError as exc:
             raise InvalidArgument(f"the model rejected the input: {exc.message}") from None
         except tf.errors.OpError as exc:
@@ -179,8 +189,6 @@ class TensorFlowBackend:
         """
         from ..tracing.events import EngineTrace
 
-        key = (self._lanes.copy_of_lane[lane], fetches)
-        fn = self._callables.get(key) or self._make_callable(key)
         tf = _tf()
         options = tf.compat.v1.RunOptions()
         options.CopyFrom(self._run_options[lane])
@@ -188,13 +196,9 @@ class TensorFlowBackend:
         metadata = tf.compat.v1.RunMetadata()
         try:
             with _TRACE_LOCK:
-                outputs = fn(*[feeds[a] for a in self._feed_aliases], options=options, run_metadata=metadata)
+                outputs = self._call(lane, feeds, fetches, options, metadata)
         except tf.errors.AlreadyExistsError:
             raise NotImplementedError("another TensorFlow profiling session is active") from None
-        except tf.errors.InvalidArgumentError as exc:
-            raise InvalidArgument(f"the model rejected the input: {exc.message}") from None
-        except tf.errors.OpError as exc:
-            raise Internal(f"{type(exc).__name__}: {exc.message}") from None
         return outputs, EngineTrace(step_stats=metadata.step_stats.SerializeToString())
 
     def _make_callable(self, key: tuple[int, tuple[str, ...]]):
