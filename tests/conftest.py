@@ -16,6 +16,15 @@ import tensorflow as tf
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def onnx_cache(tmp_path_factory):
+    """One ONNX conversion cache for the test session, never the user's ~/.cache."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SP_ONNX_CACHE_DIR", str(tmp_path_factory.mktemp("onnx_cache")))
+    yield
+    mp.undo()
+
+
 @pytest.fixture(scope="session")
 def toy_model(tmp_path_factory):
     """DeepRec's toy y = 0.5*x + 2, TF1-exported, with one full checkpoint."""

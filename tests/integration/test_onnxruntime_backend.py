@@ -13,15 +13,6 @@ from sp_checks import concurrent_mismatches
 X1 = {"x": np.array([[1.0]], np.float32)}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def onnx_cache(tmp_path_factory):
-    """One conversion cache for the module (conversions are the slow part)."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv("SP_ONNX_CACHE_DIR", str(tmp_path_factory.mktemp("onnx_cache")))
-    yield
-    mp.undo()
-
-
 def ort_config(paths, **overrides):
     # Per-session pools by default: ORT's global pools are process state that would force every
     # later session in this test process onto them (tested in a child process below).

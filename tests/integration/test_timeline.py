@@ -28,15 +28,6 @@ STAGES = {"request", "parse", "acquire", "decode", "run", "lane_wait", "engine",
 ORT_DEVICE = "/ort:CPUExecutionProvider"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def onnx_cache(tmp_path_factory):
-    """One ONNX conversion cache for the module (the ONNX Runtime tests convert the model once)."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv("SP_ONNX_CACHE_DIR", str(tmp_path_factory.mktemp("onnx_cache")))
-    yield
-    mp.undo()
-
-
 def check_chrome_trace(doc) -> None:
     """Hand-written schema check: ``traceEvents`` with ph, ts, dur, pid, tid and names."""
     assert isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list) and doc["traceEvents"]
