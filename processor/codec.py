@@ -10,8 +10,7 @@ and thread-safe.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -25,8 +24,7 @@ from .signature import Signature, TensorSpec
 _SMALL = 64
 
 
-@dataclass(frozen=True)
-class DecodedRequest:
+class DecodedRequest(NamedTuple):
     """Feeds keyed by input alias, and the outputs to fetch as (response key, output alias)."""
 
     feeds: dict[str, np.ndarray]

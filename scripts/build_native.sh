@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# Builds cpp_processor/ (libserving_processor.so, the example host processor_host) into
-# cpp_processor/build/ with cmake. Needs gcc/g++, cmake and a shared-libpython Python.
-# Fast when nothing changed (an incremental make); safe to run concurrently (flock).
+# Builds the native parts with cmake:
+#   native/         -> processor/_native.*.so, the request path's codec (nanobind extension)
+#   cpp_processor/  -> cpp_processor/build/ (libserving_processor.so, the example host processor_host)
+# Needs gcc/g++, cmake, nanobind and numpy in the environment, and for the C ABI a
+# shared-libpython Python. Fast when nothing changed (an incremental make); safe to run
+# concurrently (flock).
 #
-#   SERVING_PROCESSOR_PYTHON  interpreter of the environment the library embeds by default
-#                             (default: .venv/bin/python of this checkout)
+#   SERVING_PROCESSOR_PYTHON  interpreter of the environment (default: .venv/bin/python of this
+#                             checkout); the C ABI library embeds it by default
 #   SP_BUILD_TYPE             CMake build type (default Release)
+#   SP_NATIVE_ONLY=1          build only the extension (e.g. for another interpreter, with no
+#                             shared libpython: a GPU machine's system Python)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -19,6 +24,25 @@ if [ ! -x "$py" ]; then
   exit 1
 fi
 command -v cmake >/dev/null || { echo "[build_native] cmake not found (apt-get install cmake)" >&2; exit 1; }
+
+jobs=$(nproc 2>/dev/null || echo 2)
+
+# The extension: one build tree per interpreter (its file name carries the ABI tag).
+tag=$("$py" -c 'import sys; print("%s%d%d" % (sys.implementation.name, *sys.version_info[:2]))')
+ext_build=native/build/$tag
+mkdir -p "$ext_build"
+if ! (exec 8>"$ext_build/.build.lock"; flock 8
+      if [ ! -f "$ext_build/CMakeCache.txt" ]; then
+        cmake -S native -B "$ext_build" -DPython_EXECUTABLE="$py" -DCMAKE_BUILD_TYPE="$build_type" \
+          >"$ext_build/configure.log" 2>&1 || { cat "$ext_build/configure.log" >&2; exit 1; }
+      fi
+      cmake --build "$ext_build" --parallel "$jobs" >"$ext_build/build.log" 2>&1 \
+        || { cat "$ext_build/build.log" >&2; exit 1; }); then
+  exit 1
+fi
+grep -i "warning" "$ext_build/build.log" | grep -v nanobind >&2 || true
+echo "[build_native] processor/_native ($tag)"
+[ "${SP_NATIVE_ONLY:-0}" = 1 ] && exit 0
 
 mkdir -p "$build"
 exec 9>"$build/.build.lock"
@@ -40,7 +64,7 @@ if [ ! -f "$build/CMakeCache.txt" ] || [ "$(cat "$build/.configured-for" 2>/dev/
   fi
   echo "$want" > "$build/.configured-for"
 fi
-if ! cmake --build "$build" --parallel "$(nproc 2>/dev/null || echo 2)" >"$build/build.log" 2>&1; then
+if ! cmake --build "$build" --parallel "$jobs" >"$build/build.log" 2>&1; then
   cat "$build/build.log" >&2
   exit 1
 fi

@@ -45,8 +45,6 @@ fi
 echo "[setup] generating protobuf code"
 .venv/bin/python scripts/gen_protos.py
 
-if [ -f cpp_processor/CMakeLists.txt ]; then
-  echo "[setup] building libserving_processor.so"
-  bash scripts/build_native.sh
-fi
+echo "[setup] building processor._native and libserving_processor.so"
+bash scripts/build_native.sh
 echo "[setup] done"

@@ -89,7 +89,30 @@ static int check_call(void* model_buf, void** out, int* out_size) {
 }
 
 /*
- * Calls processor.abi's `fn` on the model behind model_buf -- fn(handle, bytes(input)), or
+ * A read-only memoryview of the host's request buffer: Python reads the request in place (the
+ * native decoder parses it straight from the host's memory), no copy into a bytes object. Valid
+ * only during the call: release_request() ends it before the host gets its buffer back.
+ */
+static PyObject* borrow_request(const char* input, int input_size) {
+  return PyMemoryView_FromMemory((char*)input, (Py_ssize_t)input_size, PyBUF_READ);
+}
+
+/* Ends a borrow_request() view and drops it. Python code must not keep the view past the call;
+ * if something still exports it, say so: the host is about to free that memory. */
+static void release_request(PyObject* view) {
+  if (view == NULL) return;
+  PyObject* r = PyObject_CallMethod(view, "release", NULL);
+  if (r == NULL) {
+    char msg[SP_ERR_LEN];
+    (void)sp_take_exception("memoryview.release", msg, sizeof msg);
+    fprintf(stderr, SP_PREFIX "a request buffer is still in use after the call: %s\n", msg);
+  }
+  Py_XDECREF(r);
+  Py_DECREF(view);
+}
+
+/*
+ * Calls processor.abi's `fn` on the model behind model_buf -- fn(handle, view of input), or
  * fn(handle) when input is NULL -- and turns its (status, payload) into the outputs. An unknown
  * handle is answered with 400. The caller has checked its arguments (check_call).
  */
@@ -109,14 +132,14 @@ static int call_model(void* model_buf, sp_fn_id fn, const char* fn_name, const c
     Py_INCREF(args[0]); /* a concurrent finalize() cannot free it under us */
     size_t nargs = 1;
     if (input != NULL) {
-      args[1] = PyBytes_FromStringAndSize(input, (Py_ssize_t)input_size);
+      args[1] = borrow_request(input, input_size);
       nargs = 2;
     }
     PyObject* res = NULL;
     if (input == NULL || args[1] != NULL) res = PyObject_Vectorcall(sp_fn(fn), args, nargs, NULL);
     status = sp_take_result(res, fn_name, out, out_size);
     Py_XDECREF(res);
-    Py_XDECREF(args[1]);
+    release_request(args[1]);
     Py_DECREF(args[0]);
   }
   sp_gil_leave(g);
@@ -199,8 +222,8 @@ PROCESSOR_API int batch_process(void* model_buf, int count, const void* const* i
       int ok = 1;
       for (int j = 0; j < nvalid && ok; ++j) {
         int i = index[j];
-        PyObject* b = PyBytes_FromStringAndSize(
-            input_size[i] > 0 ? (const char*)input_data[i] : "", (Py_ssize_t)input_size[i]);
+        PyObject* b =
+            borrow_request(input_size[i] > 0 ? (const char*)input_data[i] : "", input_size[i]);
         if (b == NULL) ok = 0;
         else PyList_SET_ITEM(list, j, b);
       }
@@ -236,6 +259,13 @@ PROCESSOR_API int batch_process(void* model_buf, int count, const void* const* i
         }
         Py_XDECREF(seq);
         Py_DECREF(res);
+      }
+      for (int j = 0; j < nvalid; ++j) {
+        PyObject* view = PyList_GET_ITEM(list, j);
+        if (view != NULL) {
+          Py_INCREF(view); /* release_request() drops one reference; the list keeps its own */
+          release_request(view);
+        }
       }
       Py_DECREF(list);
     }

@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 class Backend(Protocol):
     signature: Signature
     lanes: int
+    # String inputs ``run`` also takes as uint64 TensorFlow Fingerprint64 arrays (the native
+    # decoder hashes them without the GIL); empty for engines that take the strings themselves.
+    fingerprinted_inputs: frozenset[str]
 
     def run(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]) -> list[np.ndarray]:
         """Run the signature on ``lane``: feeds keyed by input alias, fetches by output alias."""

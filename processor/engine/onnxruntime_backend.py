@@ -63,10 +63,13 @@ from ..errors import ConfigError, Internal, InvalidArgument
 from ..store.checkpoint_layout import ModelVersion
 from . import gpu, ort_profile, pinning
 from .onnx_convert import prepare
-from .string_hash import fingerprint64
+from .string_hash import fingerprint
 
 log = logging.getLogger(__name__)
 
+# Distinct output selections remembered per backend (clients use a handful; bounded so that a
+# client cycling through output_filter permutations cannot grow it).
+_FETCH_CACHE_SIZE = 64
 _global_pool_lock = threading.Lock()
 _global_pool_sizes: tuple[int, int] | None = None
 
@@ -118,9 +121,12 @@ class OnnxRuntimeBackend:
         self._prepared = prepare(version.savedmodel_dir, version, config.signature_name)
         self.signature = self._prepared.signature
         self._hashed = set(self._prepared.hashed_inputs)
+        self.fingerprinted_inputs = frozenset(self._hashed)
         self._strings = {a for a, s in self.signature.inputs.items() if s.dtype == 7 and a not in self._hashed}
+        self._converted = self._hashed | self._strings  # inputs _feeds must convert
         self._input_names = {a: s.name for a, s in self.signature.inputs.items()}
         self._output_names = {a: s.name for a, s in self.signature.outputs.items()}
+        self._fetch_names: dict[tuple[str, ...], list[str]] = {}
         self._params = self._prepared.load_parameters()
         self._values = {n: ort.OrtValue.ortvalue_from_numpy(a) for n, a in self._params.items()}
         table = self._prepared.manifest["parameters"]
@@ -217,27 +223,39 @@ class OnnxRuntimeBackend:
     # --- serving ------------------------------------------------------------------------------
 
     def _feeds(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        names = self._input_names
+        if not self._converted:
+            return {names[alias]: value for alias, value in feeds.items()}
         out = {}
         for alias, value in feeds.items():
             if alias in self._hashed:
-                try:
-                    value = fingerprint64(value)
-                except TypeError as exc:
-                    raise InvalidArgument(f"input {alias!r}: {exc}") from None
+                if value.dtype != np.uint64:  # else fingerprinted by the native decoder already
+                    try:
+                        value = fingerprint(value)
+                    except TypeError as exc:
+                        raise InvalidArgument(f"input {alias!r}: {exc}") from None
             elif alias in self._strings:
                 try:
                     value = np.array([v.decode("utf-8") if isinstance(v, bytes) else v for v in value.reshape(-1)],
                                      dtype=object).reshape(value.shape)
                 except UnicodeDecodeError:
                     raise InvalidArgument(f"input {alias!r}: ONNX Runtime takes UTF-8 strings only") from None
-            out[self._input_names[alias]] = value
+            out[names[alias]] = value
         return out
+
+    def _output_list(self, fetches: tuple[str, ...]) -> list[str]:
+        names = self._fetch_names.get(fetches)
+        if names is None:
+            names = [self._output_names[a] for a in fetches]
+            if len(self._fetch_names) < _FETCH_CACHE_SIZE:
+                self._fetch_names[fetches] = names
+        return names
 
     def run(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]) -> list[np.ndarray]:
         session = self._lane_session[lane]
         ort_feeds = self._feeds(feeds)
         try:
-            return session.run([self._output_names[a] for a in fetches], ort_feeds)
+            return session.run(self._output_list(fetches), ort_feeds)
         except Exception as exc:
             raise _engine_error(exc) from None
 

@@ -23,6 +23,7 @@ from ..tracing.events import EngineTrace
 from .backend import Backend
 from .lane_policy import LanePolicy
 from .update_gate import UpdateGate
+from ..wire_codec import WireCodec
 
 
 class SessionGroup:
@@ -34,6 +35,7 @@ class SessionGroup:
         self.load_seconds = load_seconds
         self._policy = LanePolicy(policy, backend.lanes)
         self._gate = UpdateGate()
+        self.codec = WireCodec(backend.signature, backend.fingerprinted_inputs)
 
     @property
     def signature(self) -> Signature:
@@ -45,8 +47,12 @@ class SessionGroup:
 
     def run(self, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]) -> list[np.ndarray]:
         """Run on the lane the policy picks for the calling thread."""
-        with self._gate.shared():
+        gate = self._gate
+        gate.enter_shared()  # not a `with`: this is the request path's hottest Python
+        try:
             return self.backend.run(self._policy.pick(), feeds, fetches)
+        finally:
+            gate.exit_shared()
 
     def run_on(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]) -> list[np.ndarray]:
         """Run on a given lane (warmup visits every lane)."""
@@ -84,6 +90,7 @@ class SessionGroup:
             "select_session_policy": self._policy.policy,
             "session_num": self.lanes,
             "load_seconds": round(self.load_seconds, 3),
+            "request_codec": self.codec.describe(),
             **self.backend.describe(),
         }
 

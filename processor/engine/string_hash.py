@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import native
+
 _K0 = np.uint64(0xC3A5C85C97CB3127)
 _K1 = np.uint64(0xB492B66FBE98F273)
 _K2 = np.uint64(0x9AE16A3B2F90404F)
@@ -177,6 +179,19 @@ def fingerprint64(values: np.ndarray) -> np.ndarray:
                 rows = np.frombuffer(joined, np.uint8).reshape(len(index), length)
                 out[index] = _hash_rows(_Rows(rows), len(index), length)
     return out.reshape(values.shape)
+
+
+def fingerprint(values: np.ndarray) -> np.ndarray:
+    """:func:`fingerprint64` computed by the native extension (GIL released) when it is built.
+
+    Same result and errors: whatever the extension does not take (elements other than bytes and
+    str, arrays other than object arrays) goes to :func:`fingerprint64`, the reference.
+    """
+    if native.MODULE is not None:
+        out = native.MODULE.fingerprint64(values)
+        if out is not None:
+            return out
+    return fingerprint64(values)
 
 
 def to_hash_bucket_fast(values: np.ndarray, num_buckets: int) -> np.ndarray:

@@ -58,6 +58,8 @@ def _signature_from_def(name: str, sig_def) -> Signature:
 class TensorFlowBackend:
     """A SavedModel graph in one Session with ``lanes`` inter-op pools. See the module doc."""
 
+    fingerprinted_inputs: frozenset[str] = frozenset()  # the graph hashes its strings itself
+
     def __init__(self, config: ModelConfig, version: ModelVersion, lanes: int,
                  devices: gpu.DevicePlan | None = None, features=None) -> None:
         tf = _tf()

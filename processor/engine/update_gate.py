@@ -22,19 +22,26 @@ class UpdateGate:
         self._writer = False
         self._waiting_writers = 0
 
-    @contextlib.contextmanager
-    def shared(self) -> Iterator[None]:
+    def enter_shared(self) -> None:
+        """Enter as a request (pair with :meth:`exit_shared`); the request path's plain form."""
         with self._cond:
             while self._writer or self._waiting_writers:
                 self._cond.wait()
             self._readers += 1
+
+    def exit_shared(self) -> None:
+        with self._cond:
+            self._readers -= 1
+            if not self._readers and self._waiting_writers:
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        self.enter_shared()
         try:
             yield
         finally:
-            with self._cond:
-                self._readers -= 1
-                if not self._readers:
-                    self._cond.notify_all()
+            self.exit_shared()
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:

@@ -258,18 +258,26 @@ class ModelManager:
 
     # --- request path -----------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def acquire(self) -> Iterator[SessionGroup]:
-        """Yield the serving group, referenced for the duration of the block.
+    def acquire_handle(self) -> ServableHandle:
+        """The serving version's handle, referenced: the caller must ``release()`` it.
 
-        Raises Unavailable when no version is ready.
+        The request path's plain form of :meth:`acquire`. Raises Unavailable when no version is
+        ready.
         """
         while True:
             handle = self._current
             if handle is None:
                 raise Unavailable(self._not_ready_message())
             if handle.acquire():
-                break  # else it was retired between the read and the acquire: read again
+                return handle  # else it was retired between the read and the acquire: read again
+
+    @contextlib.contextmanager
+    def acquire(self) -> Iterator[SessionGroup]:
+        """Yield the serving group, referenced for the duration of the block.
+
+        Raises Unavailable when no version is ready.
+        """
+        handle = self.acquire_handle()
         try:
             yield handle.group
         finally:

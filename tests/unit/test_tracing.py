@@ -212,10 +212,12 @@ def test_closed_tracer_drops(tmp_path):
 
 def test_session_group_runs_untraced_when_the_engine_cannot_trace():
     from processor.engine.session_group import SessionGroup
+    from processor.signature import Signature
 
     class Engine:
         lanes = 2
-        signature = None
+        signature = Signature("serving_default", {}, {})
+        fingerprinted_inputs = frozenset()
 
         def run(self, lane, feeds, fetches):
             return [f"lane {lane}"]

@@ -49,9 +49,12 @@ class FailingManager:
     def message(self) -> str:
         return f"fake failure {self.code.name} from {self.name}"
 
+    def acquire_handle(self):
+        raise ProcessorError(self.message(), self.code)
+
     @contextlib.contextmanager
     def acquire(self):
-        raise ProcessorError(self.message(), self.code)
+        self.acquire_handle()
         yield
 
     def start(self) -> None:
