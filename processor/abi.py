@@ -6,6 +6,9 @@ The C library converts arguments and copies results; everything else happens her
 * ``process``, ``batch_process`` and ``get_serving_model_info`` never raise: they return
   ``(status, payload)`` with status 200 and a serialized message, or an error status and a
   UTF-8 message (codes in :mod:`processor.errors`);
+* ``process`` and ``batch_process`` get each request as a read-only ``memoryview`` of the host's
+  buffer (no copy); it is valid during the call only, so nothing may keep it (or a view of it)
+  after returning: the C shim releases it and the host frees the memory;
 * ``finalize`` releases the model; it is idempotent;
 * every function is thread-safe.
 """
@@ -25,11 +28,11 @@ def initialize(model_entry: str, model_config: str) -> Processor:
         raise as_processor_error(exc) from None
 
 
-def process(handle: Processor, data: bytes) -> tuple[int, bytes]:
+def process(handle: Processor, data: bytes | memoryview) -> tuple[int, bytes]:
     return handle.process(data)
 
 
-def batch_process(handle: Processor, requests: list[bytes]) -> list[tuple[int, bytes]]:
+def batch_process(handle: Processor, requests: list[bytes | memoryview]) -> list[tuple[int, bytes]]:
     return [handle.process(data) for data in requests]
 
 

@@ -61,8 +61,11 @@
  *   - libpython's symbols are made global (dlopen RTLD_NOLOAD|RTLD_GLOBAL) so that Python
  *     extension modules load even when the host dlopen()ed this library with RTLD_LOCAL.
  *   - Each host thread gets one Python thread state on its first call, kept until the thread
- *     exits; the GIL is held only while the Python entry point runs (and the engine releases
- *     it while it computes), never while the thread is idle.
+ *     exits; the GIL is held only while the Python entry point runs (the native codec and the
+ *     engine release it while they work), never while the thread is idle.
+ *   - The request is not copied: Python reads it through a read-only view of input_data,
+ *     ended before process() / batch_process() return. The host's buffer must stay unchanged
+ *     during the call (it is the host's until then anyway).
  *   - No Python exception crosses the ABI: it becomes state = -1 or a non-200 status.
  *   - The interpreter is never finalized; the library cannot be unloaded (dlclose() keeps it).
  *

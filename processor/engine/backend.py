@@ -21,6 +21,7 @@ initializers). Contract:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -58,6 +59,13 @@ class Backend(Protocol):
 
     def apply_delta(self, delta: Delta) -> None:
         """Write a checked delta into the weights all lanes share. Called with no run in flight."""
+        ...
+
+    def bare_call(self, lane: int, feeds: dict[str, np.ndarray],
+                  fetches: tuple[str, ...]) -> Callable[[], list[np.ndarray]]:
+        """The engine's own call for these checked feeds on ``lane``, everything of ours done
+        beforehand, as a zero-argument function: the limit ``run`` is measured against
+        (benchmarks). Same thread-safety as ``run``."""
         ...
 
     def run_traced(self, lane: int, feeds: dict[str, np.ndarray],

@@ -259,6 +259,11 @@ class OnnxRuntimeBackend:
         except Exception as exc:
             raise _engine_error(exc) from None
 
+    def bare_call(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]):
+        """``session.run`` on ``lane`` with the inputs converted once, as a zero-argument call."""
+        session, names, ort_feeds = self._lane_session[lane], self._output_list(fetches), self._feeds(feeds)
+        return lambda: session.run(names, ort_feeds)
+
     def run_traced(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]):
         """``run`` on a fresh profiling session: (outputs, EngineTrace of per-op events).
 

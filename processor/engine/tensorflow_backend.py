@@ -182,6 +182,13 @@ class TensorFlowBackend:
         except tf.errors.OpError as exc:
             raise Internal(f"{type(exc).__name__}: {exc.message}") from None
 
+    def bare_call(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]):
+        """The lane's TF callable with the inputs in feed order, as a zero-argument call."""
+        key = (self._lanes.copy_of_lane[lane], fetches)
+        fn = self._callables.get(key) or self._make_callable(key)
+        args, options = [feeds[a] for a in self._feed_aliases], self._run_options[lane]
+        return lambda: fn(*args, options=options)
+
     def run_traced(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]):
         """``run`` with ``FULL_TRACE``: (outputs, EngineTrace holding the serialized StepStats).
 

@@ -62,7 +62,7 @@ def _one(handle: Handle, data: bytes) -> tuple[int, bytes]:
         return 400, "cannot parse request: garbage \u00e9".encode()
     if handle.fixed is not None:
         return 200, handle.fixed
-    return 200, data
+    return 200, bytes(data)  # a view of the host's buffer: copied, never kept
 
 
 def process(handle: Handle, data: bytes):
@@ -70,11 +70,11 @@ def process(handle: Handle, data: bytes):
     if m == "raise":
         raise ValueError("boom")
     if m == "badtype":
-        return [200, data]
+        return [200, bytes(data)]
     if m == "badpayload":
         return 200, 12345
     if m == "badstatus":
-        return "200", data
+        return "200", bytes(data)
     return _one(handle, data)
 
 

@@ -1,7 +1,7 @@
 """SIGTERM under load: in-flight requests complete, new ones are refused, the process exits in time.
 
-Slow requests are real ones: the toy model with a few million rows (decode, run and encode take
-most of a second each), sent concurrently over our HTTP endpoint.
+Slow requests are real ones: the toy model with a few million rows (receiving, decoding, running
+and encoding take about 0.1 s each), sent concurrently over our HTTP endpoint.
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def test_sigterm_drains_in_flight_refuses_new_and_exits(toy_model, tmp_path):
 def test_drain_timeout_cuts_off_and_exits_in_time(toy_model, tmp_path):
     from server.launcher import ServerProcess
 
-    drain_timeout = 0.3
+    drain_timeout = 0.01  # far below one 4M-row request (the native codec made them ~0.1 s)
     server = ServerProcess(deployment(toy_model, drain_timeout), tmp_path).start(timeout=120)
     try:
         _, threads = start_slow_requests(server, 3)
