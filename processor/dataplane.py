@@ -65,12 +65,12 @@ class DataPlane:
         try:
             group = handle.group
             wire = group.codec
-            feeds, fetches = wire.decode(data)
+            feeds, keys, aliases = wire.decode(data)
             try:
-                arrays = group.run(feeds, tuple([alias for _, alias in fetches]))
+                arrays = group.run(feeds, aliases)
             except Exception as exc:
                 raise as_processor_error(exc) from None
-            return wire.encode(zip([key for key, _ in fetches], arrays))
+            return wire.encode(keys, arrays)
         finally:
             handle.release()
 

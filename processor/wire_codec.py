@@ -41,23 +41,32 @@ class WireCodec:
                  for s in signature.inputs.values()],
                 [(s.alias, s.name) for s in signature.outputs.values()])
 
-    def decode(self, data: bytes | memoryview) -> DecodedRequest:
-        """Serialized PredictRequest -> checked feeds; InvalidArgument as the reference raises it."""
+    def decode(self, data: bytes | memoryview) -> tuple[dict[str, np.ndarray], tuple[str, ...], tuple[str, ...]]:
+        """Serialized PredictRequest -> (feeds by input alias, response keys, output aliases).
+
+        The keys and aliases are parallel: fetch output ``aliases[i]`` and answer it as
+        ``keys[i]``. Raises InvalidArgument exactly as the reference does.
+        """
         if self._plan is not None:
             fast = self._native.decode(self._plan, data)
             if fast is not None:
-                return DecodedRequest(*fast)
-        return codec.decode_request(data, self.signature)
+                return fast
+        return split_fetches(codec.decode_request(data, self.signature))
 
     def describe(self) -> dict:
         """For model info: native or reference, and the inputs hashed while decoding."""
         return {**native.status(), "fingerprinted_inputs": sorted(self.fingerprinted)}
 
-    def encode(self, outputs: Iterable[tuple[str, np.ndarray]]) -> bytes:
-        """(response key, array) pairs -> serialized PredictResponse (deterministic bytes)."""
-        outputs = list(outputs)
+    def encode(self, keys: tuple[str, ...], arrays: list[np.ndarray]) -> bytes:
+        """Response keys and their arrays -> serialized PredictResponse (deterministic bytes)."""
         if self._native is not None:
-            data = self._native.encode(outputs)
+            data = self._native.encode(keys, arrays)
             if data is not None:
                 return data
-        return codec.encode_response(dict(outputs))
+        return codec.encode_response(dict(zip(keys, arrays)))
+
+
+def split_fetches(decoded: DecodedRequest) -> tuple[dict[str, np.ndarray], tuple[str, ...], tuple[str, ...]]:
+    """A reference DecodedRequest in :meth:`WireCodec.decode`'s form."""
+    return (decoded.feeds, tuple([key for key, _ in decoded.fetches]),
+            tuple([alias for _, alias in decoded.fetches]))

@@ -1,8 +1,8 @@
 // module.cc -- processor._native: the request path's native codec (nanobind module).
 //
 //   Plan(inputs, outputs)      a signature compiled for decode(); immutable, shared by threads
-//   decode(plan, data)         PredictRequest bytes -> (feeds dict, fetches tuple), or None
-//   encode(outputs)            [(key, ndarray)] -> PredictResponse bytes, or None
+//   decode(plan, data)         PredictRequest bytes -> (feeds, response keys, output aliases), or None
+//   encode(keys, arrays)       response keys + output arrays -> PredictResponse bytes, or None
 //   fingerprint64(values)      object array of bytes/str -> uint64 Fingerprint64 array, or None
 //
 // None always means "not taken by the fast path": the caller runs the Python reference
@@ -53,7 +53,7 @@ struct PyPlan {
   sp::Plan plan;
   std::vector<nb::object> input_aliases;
   std::vector<nb::object> output_aliases;
-  nb::object all_fetches;  // ((alias, alias), ...) for an empty output_filter
+  nb::object all_aliases;  // (alias, ...): keys and aliases for an empty output_filter
 };
 
 std::string key_of(nb::handle h) { return nb::cast<std::string>(h); }
@@ -86,8 +86,8 @@ PyPlan* make_plan(nb::list inputs, nb::list outputs) {
   for (size_t i = 0; i < names.size(); ++i) p->plan.output_keys[names[i]] = int(i);
   for (size_t i = 0; i < names.size(); ++i) p->plan.output_keys[p->plan.output_aliases[i]] = int(i);
   nb::list all;
-  for (const nb::object& alias : p->output_aliases) all.append(nb::make_tuple(alias, alias));
-  p->all_fetches = nb::tuple(all);
+  for (const nb::object& alias : p->output_aliases) all.append(alias);
+  p->all_aliases = nb::tuple(all);
   return p.release();
 }
 
@@ -159,19 +159,14 @@ nb::object decode(const PyPlan& pp, nb::handle data) {
   }
   if (!ok) return nb::none();
 
-  nb::object fetches;
-  if (req.output_filter.empty()) {
-    fetches = pp.all_fetches;
-  } else {
-    nb::list list;
-    for (size_t k = 0; k < req.output_filter.size(); ++k) {
-      const sp::Span& s = req.output_filter[k];
-      nb::str key(reinterpret_cast<const char*>(s.p), s.n);
-      list.append(nb::make_tuple(key, pp.output_aliases[req.output_index[k]]));
-    }
-    fetches = nb::tuple(list);
+  if (req.output_filter.empty()) return nb::make_tuple(feeds, pp.all_aliases, pp.all_aliases);
+  nb::list keys, aliases;
+  for (size_t k = 0; k < req.output_filter.size(); ++k) {
+    const sp::Span& s = req.output_filter[k];
+    keys.append(nb::str(reinterpret_cast<const char*>(s.p), s.n));
+    aliases.append(pp.output_aliases[req.output_index[k]]);
   }
-  return nb::make_tuple(feeds, fetches);
+  return nb::make_tuple(feeds, nb::tuple(keys), nb::tuple(aliases));
 }
 
 // The wire form of one output array; false for what the reference must encode.
@@ -212,21 +207,30 @@ bool describe_output(PyArrayObject* a, sp::Output& o) {
   return true;
 }
 
-nb::object encode(nb::list items) {
+nb::object encode(nb::handle keys, nb::handle arrays) {
+  nb::object key_seq = nb::steal(PySequence_Fast(keys.ptr(), "keys must be a sequence"));
+  nb::object array_seq = nb::steal(PySequence_Fast(arrays.ptr(), "arrays must be a sequence"));
+  if (!key_seq || !array_seq) throw nb::python_error();
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(key_seq.ptr());
+  if (PySequence_Fast_GET_SIZE(array_seq.ptr()) != n) return nb::none();
+  PyObject** key_items = PySequence_Fast_ITEMS(key_seq.ptr());
+  PyObject** array_items = PySequence_Fast_ITEMS(array_seq.ptr());
   std::vector<sp::Output> outputs;
   std::vector<nb::object> keep;  // contiguous arrays whose memory the outputs point into
-  outputs.reserve(items.size());
-  for (nb::handle item : items) {
-    nb::tuple t = nb::cast<nb::tuple>(item);
-    if (!PyUnicode_Check(t[0].ptr()) || !PyArray_Check(t[1].ptr())) return nb::none();
+  outputs.reserve(size_t(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (!PyUnicode_Check(key_items[i]) || !PyArray_Check(array_items[i])) return nb::none();
     Py_ssize_t klen;
-    const char* k = PyUnicode_AsUTF8AndSize(t[0].ptr(), &klen);
+    const char* k = PyUnicode_AsUTF8AndSize(key_items[i], &klen);
     if (!k) throw nb::python_error();
-    PyObject* c = reinterpret_cast<PyObject*>(PyArray_GETCONTIGUOUS(reinterpret_cast<PyArrayObject*>(t[1].ptr())));
+    for (const sp::Output& seen : outputs)  // the reference keeps one entry per key: the last
+      if (seen.key == std::string_view(k, size_t(klen))) return nb::none();
+    PyObject* c = reinterpret_cast<PyObject*>(
+        PyArray_GETCONTIGUOUS(reinterpret_cast<PyArrayObject*>(array_items[i])));
     if (!c) throw nb::python_error();
     keep.push_back(nb::steal(c));
     sp::Output o;
-    o.key = std::string_view(k, size_t(klen));  // the key str lives in `items`
+    o.key = std::string_view(k, size_t(klen));  // the key str lives in `keys`
     if (!describe_output(reinterpret_cast<PyArrayObject*>(c), o)) return nb::none();
     outputs.push_back(std::move(o));
   }
@@ -297,6 +301,6 @@ NB_MODULE(_native, m) {
            "inputs: [(alias, tensor name, dtype, shape or None, fingerprint)], outputs: "
            "[(alias, tensor name)]");
   m.def("decode", &decode, nb::arg("plan"), nb::arg("data"));
-  m.def("encode", &encode, nb::arg("outputs"));
+  m.def("encode", &encode, nb::arg("keys"), nb::arg("arrays"));
   m.def("fingerprint64", &fingerprint64, nb::arg("values"));
 }

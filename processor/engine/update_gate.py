@@ -17,20 +17,28 @@ class UpdateGate:
     """See the module doc."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._readers = 0
         self._writer = False
         self._waiting_writers = 0
 
     def enter_shared(self) -> None:
-        """Enter as a request (pair with :meth:`exit_shared`); the request path's plain form."""
-        with self._cond:
+        """Enter as a request (pair with :meth:`exit_shared`); the request path's plain form.
+
+        Uses the lock itself (a C call) rather than the Condition's Python ``with`` on the path
+        every request takes; the Condition is only for waiting.
+        """
+        with self._lock:
+            if not (self._writer or self._waiting_writers):
+                self._readers += 1
+                return
             while self._writer or self._waiting_writers:
                 self._cond.wait()
             self._readers += 1
 
     def exit_shared(self) -> None:
-        with self._cond:
+        with self._lock:
             self._readers -= 1
             if not self._readers and self._waiting_writers:
                 self._cond.notify_all()
