@@ -10,8 +10,8 @@ loops run from ``threads`` Python threads for ``--seconds`` each:
   (``Backend.bare_call``: ``InferenceSession.run`` / the TF callable), i.e. the limit.
 
 ``ratio`` = process req/s / raw req/s. The GIL-held microseconds per request are measured on one
-calling thread with a probe: a pure-Python counting thread runs beside the loop (switch interval
-20 us), and the share of its solo rate it loses is the share of time the loop held the GIL.
+calling thread with ``py-spy record --gil`` (samples in which a thread holds the GIL, 1000 a
+second), with the functions they fall in for process().
 
 The C host row runs ``cpp_processor/build/processor_host`` (the real ``.so`` from C++ threads) at
 batch 256 with 1 and 4 threads on a session_num=4 processor: its scaling 4 / 1.
@@ -35,6 +35,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import threading
@@ -78,49 +79,52 @@ def processor_config(base: dict, sessions: int, device: str) -> dict:
     return config
 
 
-# --- GIL probe ----------------------------------------------------------------------------------
+# --- GIL profile (py-spy) ---------------------------------------------------------------------
 
-def _spin(stop: threading.Event, out: list[int]) -> None:
-    n = 0
-    while not stop.is_set():
-        for _ in range(200):
-            n += 1
-    out.append(n)
+def py_spy() -> str | None:
+    found = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    return found if Path(found).exists() else None
 
 
-def _probe_rate(seconds: float) -> float:
-    stop, out = threading.Event(), []
-    t = threading.Thread(target=_spin, args=(stop, out))
-    started = time.perf_counter()
-    t.start()
-    time.sleep(seconds)
-    stop.set()
-    t.join()
-    return out[0] / (time.perf_counter() - started)
+def gil_profile(call, seconds: float, rate: int = 1000) -> dict | None:
+    """GIL-held microseconds per ``call()`` on one thread, and where they go, by py-spy.
 
-
-def gil_held_us(call, seconds: float) -> float:
-    """Microseconds of GIL held per ``call()`` on one thread (see the module doc)."""
-    previous = sys.getswitchinterval()
-    sys.setswitchinterval(20e-6)
-    try:
-        solo = _probe_rate(0.5)
-        stop, out = threading.Event(), []
-        probe = threading.Thread(target=_spin, args=(stop, out))
-        calls = 0
-        started = time.perf_counter()
-        probe.start()
-        deadline = started + seconds
-        while time.perf_counter() < deadline:
-            call()
-            calls += 1
-        stop.set()
-        probe.join()
-        elapsed = time.perf_counter() - started
-    finally:
-        sys.setswitchinterval(previous)
-    held = max(0.0, 1.0 - (out[0] / elapsed) / solo)
-    return held * elapsed / calls * 1e6
+    ``py-spy record --gil`` samples this process ``rate`` times a second and keeps the samples
+    in which a thread holds the GIL: samples / rate is the GIL-held time. The leaf functions of
+    those samples say where it goes. None when py-spy is not installed.
+    """
+    exe = py_spy()
+    if exe is None:
+        return None
+    out = WORK / "py-spy.txt"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.unlink(missing_ok=True)
+    proc = subprocess.Popen([exe, "record", "--gil", "--nonblocking", "--rate", str(rate), "--duration",
+                             str(int(seconds)), "--format", "raw", "--output", str(out), "--pid", str(os.getpid())],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    calls, started = 0, time.perf_counter()
+    deadline = started + int(seconds) + 0.5  # py-spy attaches, then records `seconds`
+    while time.perf_counter() < deadline:
+        call()
+        calls += 1
+    elapsed = time.perf_counter() - started
+    proc.wait(60)
+    if proc.returncode != 0 or not out.exists():
+        print(f"py-spy failed: {proc.stderr.read()[-500:]}", file=sys.stderr)
+        return None
+    leaves: dict[str, int] = {}
+    samples = 0
+    for line in out.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        samples += int(count)
+        leaf = stack.rsplit(";", 1)[-1]
+        leaves[leaf] = leaves.get(leaf, 0) + int(count)
+    per_call = 1e6 / rate / (calls / elapsed * int(seconds))  # us of GIL per sample, per call
+    top = sorted(leaves.items(), key=lambda kv: -kv[1])[:8]
+    return {"gil_us": samples * per_call, "samples": samples,
+            "top": [{"where": k, "us": round(v * per_call, 2)} for k, v in top]}
 
 
 # --- measurements -------------------------------------------------------------------------------
@@ -153,9 +157,12 @@ def measure_model(name: str, args) -> list[dict]:
                        "ratio": process["calls_per_s"] / raw["calls_per_s"],
                        "process_p50_us": process["p50_us"], "process_p99_us": process["p99_us"],
                        "raw_p50_us": raw["p50_us"], "raw_p99_us": raw["p99_us"]}
-                if threads == args.threads[0]:
-                    row["gil_us_process"] = gil_held_us(lambda: proc.process(request), args.gil_seconds)
-                    row["gil_us_raw"] = gil_held_us(bare[0], args.gil_seconds)
+                if threads == args.threads[0] and args.gil_seconds > 0:
+                    mine, theirs = (gil_profile(lambda: proc.process(request), args.gil_seconds),
+                                    gil_profile(bare[0], args.gil_seconds))
+                    if mine and theirs:
+                        row.update(gil_us_process=mine["gil_us"], gil_us_raw=theirs["gil_us"],
+                                   gil_where_process=mine["top"])
                 rows.append(row)
                 print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}),
                       flush=True)
@@ -229,6 +236,10 @@ def markdown(payload: dict) -> str:
         worst[key] = min(worst.get(key, 9.9), r["ratio"])
     lines += ["", "Worst ratio over thread counts: " +
               ", ".join(f"{m} batch {b}: {v:.2f}" for (m, b), v in worst.items())]
+    for r in payload["rows"]:
+        if r.get("gil_where_process"):
+            lines += ["", f"Where process() holds the GIL ({r['model']}, batch {r['batch']}, us/request): " +
+                      "; ".join(f"{w['where']} {w['us']}" for w in r["gil_where_process"])]
     for h in payload["c_host"]:
         lines += ["", f"C host ({h['model']}, batch 256, session_num 4): {h['rps_1']:,.0f} req/s on 1 thread, "
                       f"{h['rps_4']:,.0f} on 4: {h['scaling_4_over_1']:.2f}x"]
@@ -243,7 +254,7 @@ def main() -> None:
     parser.add_argument("--batches", type=ints, default=[1, 256, 2048])
     parser.add_argument("--threads", type=ints, default=[1, 2])
     parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--gil-seconds", type=float, default=2.0)
+    parser.add_argument("--gil-seconds", type=float, default=3.0, help="py-spy window (0: skip)")
     parser.add_argument("--host-calls", type=int, default=4000)
     parser.add_argument("--c-host-model", default="dlrm-onnx", help="model for the C host row ('' = none)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
