@@ -155,7 +155,7 @@ nb::object decode(const PyPlan& pp, nb::handle data) {
   {
     MaybeRelease nogil(release);
     for (size_t i = 0; i < req.inputs.size() && ok; ++i)
-      if (targets[i]) ok = sp::fill_values(plan, req.inputs[i], targets[i]);
+      if (targets[i]) ok = sp::fill_values(plan, req.inputs[i], targets[i], bytes + size);
   }
   if (!ok) return nb::none();
 

@@ -156,13 +156,15 @@ bool check_input(const InputSpec& spec, RawArray& a, ParsedInput& in) {
   return true;
 }
 
+// The packed payloads below passed count_varints() in check_input(): they end on a varint's
+// last byte, so read_varint_terminated() cannot run past them.
 template <typename T>
-bool fill_ints(Span v, T* dst, int64_t lo, int64_t hi) {
+bool fill_ints(Span v, const uint8_t* limit, T* dst, int64_t lo, int64_t hi) {
   const uint8_t* p = v.p;
   const uint8_t* end = v.p + v.n;
   while (p < end) {
     uint64_t raw;
-    if (!read_varint(p, end, raw)) return false;
+    if (!read_varint_terminated(p, limit, raw)) return false;
     int64_t x = int64_t(int32_t(uint32_t(raw)));  // int32 field: upb keeps the low 32 bits
     if (x < lo || x > hi) return false;
     *dst++ = T(x);
@@ -225,7 +227,7 @@ size_t value_itemsize(const InputSpec& spec) {
   }
 }
 
-bool fill_values(const Plan& plan, const ParsedInput& in, void* dst) {
+bool fill_values(const Plan& plan, const ParsedInput& in, void* dst, const uint8_t* limit) {
   const InputSpec& spec = plan.inputs[in.spec];
   Span v = in.values;
   switch (spec.dtype) {
@@ -233,11 +235,11 @@ bool fill_values(const Plan& plan, const ParsedInput& in, void* dst) {
     case DT_DOUBLE:
       if (v.n) std::memcpy(dst, v.p, v.n);
       return true;
-    case DT_INT32: return fill_ints(v, static_cast<int32_t*>(dst), INT32_MIN, INT32_MAX);
-    case DT_UINT8: return fill_ints(v, static_cast<uint8_t*>(dst), 0, 255);
-    case DT_INT8: return fill_ints(v, static_cast<int8_t*>(dst), -128, 127);
-    case DT_INT16: return fill_ints(v, static_cast<int16_t*>(dst), -32768, 32767);
-    case DT_UINT16: return fill_ints(v, static_cast<uint16_t*>(dst), 0, 65535);
+    case DT_INT32: return fill_ints(v, limit, static_cast<int32_t*>(dst), INT32_MIN, INT32_MAX);
+    case DT_UINT8: return fill_ints(v, limit, static_cast<uint8_t*>(dst), 0, 255);
+    case DT_INT8: return fill_ints(v, limit, static_cast<int8_t*>(dst), -128, 127);
+    case DT_INT16: return fill_ints(v, limit, static_cast<int16_t*>(dst), -32768, 32767);
+    case DT_UINT16: return fill_ints(v, limit, static_cast<uint16_t*>(dst), 0, 65535);
     case DT_INT64:
     case DT_BOOL: {
       const uint8_t* p = v.p;
@@ -246,7 +248,7 @@ bool fill_values(const Plan& plan, const ParsedInput& in, void* dst) {
       uint8_t* b = static_cast<uint8_t*>(dst);
       while (p < end) {
         uint64_t raw;
-        if (!read_varint(p, end, raw)) return false;
+        if (!read_varint_terminated(p, limit, raw)) return false;
         if (spec.dtype == DT_INT64) *i64++ = int64_t(raw);
         else *b++ = raw != 0;
       }

@@ -66,6 +66,7 @@ size_t value_itemsize(const InputSpec& spec);
 
 // Writes input i's values into dst (count * value_itemsize bytes); false if a value does not fit
 // the dtype (the reference reports it). Not for plain (non-fingerprinted) string inputs.
-bool fill_values(const Plan& plan, const ParsedInput& in, void* dst);
+// `limit`: the end of the request buffer (the decoder may read up to it, past the payload).
+bool fill_values(const Plan& plan, const ParsedInput& in, void* dst, const uint8_t* limit);
 
 }  // namespace sp
