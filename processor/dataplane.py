@@ -51,8 +51,8 @@ class DataPlane:
 
         ``data`` may be a memoryview of the caller's buffer (the C ABI's): it is read during the
         call only, never kept. The untraced path is the request path's hot loop: one handle
-        acquire, the group's native codec, the engine; no per-request Python objects beyond the
-        feeds.
+        acquire and the group's ``serve`` (the engine's native whole-request path, or the native
+        codec around the engine call).
         """
         if self._tracers:
             recorder = self._begin_trace(name)
@@ -63,14 +63,9 @@ class DataPlane:
             self.manager(name)  # raises NotFound with the list of models
         handle = model.acquire_handle()
         try:
-            group = handle.group
-            wire = group.codec
-            feeds, keys, aliases = wire.decode(data)
-            try:
-                arrays = group.run(feeds, aliases)
-            except Exception as exc:
-                raise as_processor_error(exc) from None
-            return wire.encode(keys, arrays)
+            return handle.group.serve(data)
+        except Exception as exc:
+            raise as_processor_error(exc) from None
         finally:
             handle.release()
 

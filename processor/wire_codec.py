@@ -53,6 +53,11 @@ class WireCodec:
                 return fast
         return split_fetches(codec.decode_request(data, self.signature))
 
+    @property
+    def native_plan(self):
+        """The compiled signature the native extension decodes with (None without it)."""
+        return self._plan
+
     def describe(self) -> dict:
         """For model info: native or reference, and the inputs hashed while decoding."""
         return {**native.status(), "fingerprinted_inputs": sorted(self.fingerprinted)}

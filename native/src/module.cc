@@ -23,6 +23,7 @@
 #include <optional>
 
 #include "fingerprint.h"
+#include "ort_engine.h"
 #include "request.h"
 #include "response.h"
 
@@ -285,6 +286,89 @@ nb::object fingerprint64(nb::handle values) {
   return out;
 }
 
+// An Engine and the Python objects whose memory it uses (the parameter arrays).
+struct PyEngine {
+  std::unique_ptr<sp::ort::Engine> engine;
+  std::vector<nb::object> keep;
+};
+
+int ort_type(PyArrayObject* a) {
+  switch (PyArray_TYPE(a)) {
+    case NPY_FLOAT32: return sp::ort::kFloat;
+    case NPY_FLOAT64: return sp::ort::kDouble;
+    case NPY_FLOAT16: return sp::ort::kFloat16;
+    case NPY_INT8: return sp::ort::kInt8;
+    case NPY_UINT8: return sp::ort::kUint8;
+    case NPY_INT16: return sp::ort::kInt16;
+    case NPY_UINT16: return sp::ort::kUint16;
+    case NPY_INT32: return sp::ort::kInt32;
+    case NPY_UINT32: return sp::ort::kUint32;
+    case NPY_UINT64: return sp::ort::kUint64;
+    case NPY_BOOL: return sp::ort::kBool;
+    default:
+      if (PyArray_ISSIGNED(a) && PyArray_ITEMSIZE(a) == 8) return sp::ort::kInt64;
+      return 0;
+  }
+}
+
+void make_engine(PyEngine* self, const std::string& library, const std::string& model_path, nb::list params,
+                 nb::list sessions, std::vector<int> lane_session, std::vector<std::string> input_names,
+                 std::vector<std::string> output_names, int global_intra, int global_inter) {
+  std::string err;
+  const sp::ort::Api* api = sp::ort::load_api(library, err);
+  if (!api) throw std::runtime_error(err);
+  std::vector<sp::ort::Parameter> ps;
+  std::vector<nb::object> keep;
+  for (nb::handle item : params) {  // (name, C-contiguous ndarray)
+    nb::tuple t = nb::cast<nb::tuple>(item);
+    if (!PyArray_Check(t[1].ptr())) throw std::runtime_error("a parameter is not a numpy array");
+    auto* a = reinterpret_cast<PyArrayObject*>(t[1].ptr());
+    int type = ort_type(a);
+    if (!PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISNOTSWAPPED(a) || type == 0)
+      throw std::runtime_error("parameter " + nb::cast<std::string>(t[0]) + " is not a contiguous numeric array");
+    sp::ort::Parameter p;
+    p.name = nb::cast<std::string>(t[0]);
+    p.data = PyArray_DATA(a);
+    p.bytes = size_t(PyArray_NBYTES(a));
+    p.shape.assign(PyArray_DIMS(a), PyArray_DIMS(a) + PyArray_NDIM(a));
+    p.element_type = type;
+    ps.push_back(std::move(p));
+    keep.push_back(nb::borrow(t[1]));
+  }
+  std::vector<sp::ort::SessionSpec> specs;
+  for (nb::handle item : sessions) {  // (per_session_threads, intra, inter, affinities)
+    nb::tuple t = nb::cast<nb::tuple>(item);
+    sp::ort::SessionSpec s;
+    s.per_session_threads = nb::cast<bool>(t[0]);
+    s.intra_threads = nb::cast<int>(t[1]);
+    s.inter_threads = nb::cast<int>(t[2]);
+    s.affinities = nb::cast<std::string>(t[3]);
+    specs.push_back(std::move(s));
+  }
+  std::unique_ptr<sp::ort::Engine> engine;
+  {
+    nb::gil_scoped_release nogil;  // session creation takes a while; the arrays are kept alive
+    engine = std::make_unique<sp::ort::Engine>(api, model_path, ps, specs, std::move(lane_session),
+                                               std::move(input_names), std::move(output_names),
+                                               global_intra, global_inter);
+  }
+  new (self) PyEngine{std::move(engine), std::move(keep)};
+}
+
+nb::object engine_serve(const PyEngine& self, const PyPlan& pp, int lane, nb::handle data) {
+  Py_buffer view;
+  if (PyObject_GetBuffer(data.ptr(), &view, PyBUF_SIMPLE) != 0) throw nb::python_error();
+  std::unique_ptr<Py_buffer, void (*)(Py_buffer*)> guard(&view, PyBuffer_Release);
+  std::string out, error;
+  sp::ort::Engine::Result result;
+  {
+    nb::gil_scoped_release nogil;  // the whole request: parse, convert, run, encode
+    result = self.engine->serve(pp.plan, lane, static_cast<const uint8_t*>(view.buf), size_t(view.len), out, error);
+  }
+  if (result != sp::ort::Engine::Result::kOk) return nb::none();
+  return nb::steal(PyBytes_FromStringAndSize(out.data(), Py_ssize_t(out.size())));
+}
+
 }  // namespace
 
 NB_MODULE(_native, m) {
@@ -300,6 +384,15 @@ NB_MODULE(_native, m) {
            nb::arg("inputs"), nb::arg("outputs"),
            "inputs: [(alias, tensor name, dtype, shape or None, fingerprint)], outputs: "
            "[(alias, tensor name)]");
+  nb::class_<PyEngine>(m, "OrtEngine")
+      .def("__init__", &make_engine, nb::arg("library"), nb::arg("model_path"), nb::arg("parameters"),
+           nb::arg("sessions"), nb::arg("lane_session"), nb::arg("input_names"), nb::arg("output_names"),
+           nb::arg("global_intra"), nb::arg("global_inter"),
+           "Sessions over the caller's parameter arrays (see native/src/ort_engine.h); RuntimeError "
+           "naming what failed")
+      .def("serve", &engine_serve, nb::arg("plan"), nb::arg("lane"), nb::arg("data"),
+           "PredictRequest bytes -> PredictResponse bytes on `lane`, without the GIL; None when "
+           "the request is for the reference path (invalid, rare forms, an engine error)");
   m.def("decode", &decode, nb::arg("plan"), nb::arg("data"));
   m.def("encode", &encode, nb::arg("keys"), nb::arg("arrays"));
   m.def("fingerprint64", &fingerprint64, nb::arg("values"));

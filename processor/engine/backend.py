@@ -31,6 +31,7 @@ from ..signature import Signature
 
 if TYPE_CHECKING:
     from ..tracing.events import EngineTrace
+    from ..wire_codec import WireCodec
 
 
 class Backend(Protocol):
@@ -59,6 +60,12 @@ class Backend(Protocol):
 
     def apply_delta(self, delta: Delta) -> None:
         """Write a checked delta into the weights all lanes share. Called with no run in flight."""
+        ...
+
+    def wire_server(self, codec: WireCodec) -> Callable[[int, bytes | memoryview], bytes | None] | None:
+        """A whole-request path for ``codec``'s requests, or None: ``serve(lane, data)`` returns
+        the PredictResponse bytes, or None for a request the caller must take the reference way
+        (decode, ``run``, encode). Thread-safe; called under the update gate."""
         ...
 
     def bare_call(self, lane: int, feeds: dict[str, np.ndarray],

@@ -47,6 +47,7 @@ thread-safe); ``update_parameter`` / ``apply_delta`` from one thread at a time.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -61,7 +62,7 @@ from ..checkpoint.delta import CheckpointError, Delta, VariableInfo, read_delta
 from ..config import ModelConfig
 from ..errors import ConfigError, Internal, InvalidArgument
 from ..store.checkpoint_layout import ModelVersion
-from . import gpu, ort_profile, pinning
+from . import gpu, ort_native, ort_profile, pinning
 from .onnx_convert import prepare
 from .string_hash import fingerprint
 
@@ -159,25 +160,37 @@ class OnnxRuntimeBackend:
         # InferenceSession.run re-checks the feed names in Python on every call; the feeds here
         # are checked against the signature already, so requests call the binding's run itself.
         self._lane_run = [session._sess.run for session in self._lane_session]
+        why_not = ("GPU lanes serve through the ONNX Runtime Python binding" if plan.on_gpu else
+                   f"string inputs {sorted(self._strings)} are not hashed" if self._strings else "")
+        self._engine, self._engine_report = ort_native.open_engine(
+            self._prepared.model_path, self.signature, self._params,
+            [self._session_threads(self._session_target(i)[1]) for i in range(plan.sessions)],
+            [d.session for d in plan.lanes], self._global_pools, why_not)
 
     def _session_target(self, index: int) -> tuple[gpu.LaneDevice, tuple[int, ...] | None]:
         """(device, cpus) of session ``index``: those of its first lane."""
         first_lane = self._session_lanes[index][0]
         return self._plan.lanes[first_lane], (self._cpusets[first_lane] if self._cpusets else None)
 
+    def _session_threads(self, cpus: tuple[int, ...] | None) -> tuple[bool, int, int, str]:
+        """(per-session pools, intra, inter, intra_op_thread_affinities) of a session on ``cpus``."""
+        if not self._per_session:
+            return False, 0, 0, ""
+        intra = self._config.intra_op_parallelism_threads or (len(cpus) if cpus else 0)
+        affinities = intra_op_affinities(cpus, intra) if cpus and intra > 1 else ""
+        return True, intra, self._config.inter_op_parallelism_threads, affinities
+
     def _session_options(self, cpus: tuple[int, ...] | None):
         ort = _ort()
-        config = self._config
         options = ort.SessionOptions()
         options.add_session_config_entry("session.disable_prepacking", "1")
         options.log_severity_level = 3
-        if self._per_session:
-            intra = config.intra_op_parallelism_threads or (len(cpus) if cpus else 0)
+        per_session, intra, inter, affinities = self._session_threads(cpus)
+        if per_session:
             options.intra_op_num_threads = intra
-            options.inter_op_num_threads = config.inter_op_parallelism_threads
-            if cpus and intra > 1:
-                options.add_session_config_entry("session.intra_op_thread_affinities",
-                                                 intra_op_affinities(cpus, intra))
+            options.inter_op_num_threads = inter
+            if affinities:
+                options.add_session_config_entry("session.intra_op_thread_affinities", affinities)
         else:
             options.use_per_session_threads = False
         for name, value in self._values.items():
@@ -260,6 +273,13 @@ class OnnxRuntimeBackend:
             return self._lane_run[lane](self._output_list(fetches), ort_feeds, None)
         except Exception as exc:
             raise _engine_error(exc) from None
+
+    def wire_server(self, codec):
+        """The native engine's whole-request path for ``codec``'s plan (see :mod:`.ort_native`)."""
+        plan, engine = codec.native_plan, self._engine
+        if engine is None or plan is None:
+            return None
+        return functools.partial(engine.serve, plan)
 
     def bare_call(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]):
         """``session.run`` on ``lane`` with the inputs converted once, as a zero-argument call."""
@@ -415,6 +435,7 @@ class OnnxRuntimeBackend:
                                      "created ORT's global pools; ORT then refuses per-session pools"}
                             if self._forced_global else {})}),
             "pinning": pinning_report,
+            "native_engine": self._engine_report,
             "devices": self._plan.describe(),
             "model": {"source": manifest["source"], "cache": str(self._prepared.directory),
                       "cache_hit": self._prepared.cache_hit, "check": manifest["check"],
@@ -429,6 +450,7 @@ class OnnxRuntimeBackend:
         self._sessions = []
         self._lane_session = []
         self._lane_run = []
+        self._engine = None
         self._values = {}
         self._params = {}
 

@@ -36,6 +36,7 @@ class SessionGroup:
         self._policy = LanePolicy(policy, backend.lanes)
         self._gate = UpdateGate()
         self.codec = WireCodec(backend.signature, backend.fingerprinted_inputs)
+        self._wire_server = backend.wire_server(self.codec)
 
     @property
     def signature(self) -> Signature:
@@ -53,6 +54,36 @@ class SessionGroup:
             return self.backend.run(self._policy.pick(), feeds, fetches)
         finally:
             gate.exit_shared()
+
+    def serve(self, data: bytes | memoryview) -> bytes:
+        """Serialized PredictRequest in, serialized PredictResponse out, on the policy's lane.
+
+        The backend's whole-request native path when it has one (no GIL from the request bytes
+        to the response bytes); requests it does not take (invalid ones, rare forms, engine
+        errors) and engines without one go through the codec and :meth:`run`, which give the
+        reference results and errors. Raises ProcessorError.
+        """
+        wire = self._wire_server
+        if wire is not None:
+            lane = self._policy.pick()
+            gate = self._gate
+            gate.enter_shared()
+            try:
+                out = wire(lane, data)
+            finally:
+                gate.exit_shared()
+            if out is not None:
+                return out
+        codec = self.codec
+        feeds, keys, aliases = codec.decode(data)
+        return codec.encode(keys, self.run(feeds, aliases))
+
+    def serve_on(self, lane: int, data: bytes) -> bytes | None:
+        """The whole-request native path on a given lane (warmup); None where there is none."""
+        if self._wire_server is None:
+            return None
+        with self._gate.shared():
+            return self._wire_server(lane, data)
 
     def run_on(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]) -> list[np.ndarray]:
         """Run on a given lane (warmup visits every lane)."""

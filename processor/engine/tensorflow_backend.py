@@ -182,6 +182,10 @@ class TensorFlowBackend:
         except tf.errors.OpError as exc:
             raise Internal(f"{type(exc).__name__}: {exc.message}") from None
 
+    def wire_server(self, codec):
+        """None: requests go through the codec and :meth:`run` (the session needs Python)."""
+        return None
+
     def bare_call(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]):
         """The lane's TF callable with the inputs in feed order, as a zero-argument call."""
         key = (self._lanes.copy_of_lane[lane], fetches)

@@ -1,0 +1,264 @@
+// ort_engine.cc -- see ort_engine.h.
+#include "ort_engine.h"
+
+#include <dlfcn.h>
+
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+
+#include "response.h"
+
+namespace sp::ort {
+namespace {
+
+struct ApiBase {  // OrtApiBase: GetApi(version), GetVersionString()
+  const void* const* (*GetApi)(uint32_t version);
+  const char* (*GetVersionString)();
+};
+
+std::mutex g_mutex;
+const Api* g_api = nullptr;
+std::string g_api_error;
+Env* g_env = nullptr;  // one per process, never released (sessions may outlive any one engine)
+bool g_env_global_pools = false;
+
+// Throws on a failed status, releasing it.
+void check(const Api* api, Status* st, const char* what) {
+  if (st == nullptr) return;
+  std::string msg = std::string(what) + ": " + api->call<GetErrorMessage>(st);
+  api->call<ReleaseStatus>(st);
+  throw std::runtime_error(msg);
+}
+
+Env* environment(const Api* api, bool global_pools, int intra, int inter) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_env != nullptr) {
+    if (global_pools && !g_env_global_pools)
+      throw std::runtime_error("an earlier model created this process's native ONNX Runtime "
+                               "environment without global thread pools");
+    return g_env;
+  }
+  if (global_pools) {
+    ThreadingOptions* tp = nullptr;
+    check(api, api->call<CreateThreadingOptions>(&tp), "CreateThreadingOptions");
+    Status* st = api->call<SetGlobalIntraOpNumThreads>(tp, intra);
+    if (!st) st = api->call<SetGlobalInterOpNumThreads>(tp, inter);
+    if (!st) st = api->call<CreateEnvWithGlobalThreadPools>(kLogError, "serving_processor", tp, &g_env);
+    api->call<ReleaseThreadingOptions>(tp);
+    check(api, st, "CreateEnvWithGlobalThreadPools");
+  } else {
+    check(api, api->call<CreateEnv>(kLogError, "serving_processor", &g_env), "CreateEnv");
+  }
+  g_env_global_pools = global_pools;
+  return g_env;
+}
+
+bool output_elem(int type, Elem& elem, int32_t& dtype) {
+  switch (type) {
+    case kFloat: elem = Elem::F32; dtype = DT_FLOAT; return true;
+    case kDouble: elem = Elem::F64; dtype = DT_DOUBLE; return true;
+    case kFloat16: elem = Elem::HALF; dtype = DT_HALF; return true;
+    case kInt32: elem = Elem::I32; dtype = DT_INT32; return true;
+    case kInt64: elem = Elem::I64; dtype = DT_INT64; return true;
+    case kInt16: elem = Elem::I16; dtype = DT_INT16; return true;
+    case kInt8: elem = Elem::I8; dtype = DT_INT8; return true;
+    case kUint8: elem = Elem::U8; dtype = DT_UINT8; return true;
+    case kUint16: elem = Elem::U16; dtype = DT_UINT16; return true;
+    case kBool: elem = Elem::BOOL; dtype = DT_BOOL; return true;
+    default: return false;  // strings, unsigned 32/64: the reference path encodes them
+  }
+}
+
+int input_element_type(const InputSpec& spec) {
+  if (spec.fingerprint) return kUint64;
+  switch (spec.dtype) {
+    case DT_FLOAT: return kFloat;
+    case DT_DOUBLE: return kDouble;
+    case DT_INT32: return kInt32;
+    case DT_UINT8: return kUint8;
+    case DT_INT16: return kInt16;
+    case DT_INT8: return kInt8;
+    case DT_UINT16: return kUint16;
+    case DT_INT64: return kInt64;
+    case DT_BOOL: return kBool;
+    default: return 0;  // a plain string input: not taken
+  }
+}
+
+// True for a successful call; a failure's status is released (its message is not needed).
+bool succeeded(const Api* api, Status* st) {
+  if (st == nullptr) return true;
+  api->call<ReleaseStatus>(st);
+  return false;
+}
+
+// Releases ONNX Runtime values at scope exit.
+struct Values {
+  const Api* api;
+  std::vector<Value*> items;
+  ~Values() {
+    for (Value* v : items) api->call<ReleaseValue>(v);
+  }
+};
+
+}  // namespace
+
+const Api* load_api(const std::string& library, std::string& err) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_api == nullptr && g_api_error.empty()) {
+    void* handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+    auto* get_base = handle ? reinterpret_cast<const ApiBase* (*)()>(dlsym(handle, "OrtGetApiBase")) : nullptr;
+    const ApiBase* base = get_base ? get_base() : nullptr;
+    const void* const* table = base ? base->GetApi(kApiVersion) : nullptr;
+    if (table == nullptr) {
+      g_api_error = handle == nullptr ? std::string("cannot load ") + library + ": " + dlerror()
+                  : base == nullptr   ? library + " has no OrtGetApiBase"
+                                      : library + " does not offer C API version " + std::to_string(kApiVersion);
+    } else {
+      g_api = new Api(table);  // process lifetime, like the library
+    }
+  }
+  err = g_api_error;
+  return g_api;
+}
+
+Engine::Engine(const Api* api, const std::string& model_path, const std::vector<Parameter>& params,
+               const std::vector<SessionSpec>& sessions, std::vector<int> lane_session,
+               std::vector<std::string> input_names, std::vector<std::string> output_names,
+               int global_intra, int global_inter)
+    : api_(api), lane_session_(std::move(lane_session)), input_names_(std::move(input_names)),
+      output_names_(std::move(output_names)) {
+  try {
+    bool global_pools = false;
+    for (const SessionSpec& s : sessions) global_pools |= !s.per_session_threads;
+    Env* env = environment(api, global_pools, global_intra, global_inter);
+    check(api, api->call<CreateCpuMemoryInfo>(kArenaAllocator, kMemTypeDefault, &cpu_), "CreateCpuMemoryInfo");
+    for (const Parameter& p : params) {
+      Value* v = nullptr;
+      check(api, api->call<CreateTensorWithDataAsOrtValue>(cpu_, p.data, p.bytes, p.shape.data(), p.shape.size(),
+                                                           p.element_type, &v),
+            "CreateTensorWithDataAsOrtValue");
+      params_.push_back(v);
+    }
+    for (const SessionSpec& s : sessions) {
+      SessionOptions* so = nullptr;
+      check(api, api->call<CreateSessionOptions>(&so), "CreateSessionOptions");
+      Status* st = api->call<SetSessionLogSeverityLevel>(so, kLogError);
+      // The Python backend's settings: no private repacked weight copies, the same pools.
+      if (!st) st = api->call<AddSessionConfigEntry>(so, "session.disable_prepacking", "1");
+      if (!st && s.per_session_threads) {
+        st = api->call<SetIntraOpNumThreads>(so, s.intra_threads);
+        if (!st) st = api->call<SetInterOpNumThreads>(so, s.inter_threads);
+        if (!st && !s.affinities.empty())
+          st = api->call<AddSessionConfigEntry>(so, "session.intra_op_thread_affinities", s.affinities.c_str());
+      } else if (!st) {
+        st = api->call<DisablePerSessionThreads>(so);
+      }
+      for (size_t i = 0; i < params.size() && !st; ++i)
+        st = api->call<AddInitializer>(so, params[i].name.c_str(), params_[i]);
+      Session* session = nullptr;
+      if (!st) st = api->call<CreateSession>(env, model_path.c_str(), so, &session);
+      api->call<ReleaseSessionOptions>(so);
+      check(api, st, "CreateSession");
+      sessions_.push_back(session);
+    }
+    for (int s : lane_session_)
+      if (s < 0 || s >= int(sessions_.size())) throw std::runtime_error("lane maps to no session");
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+Engine::~Engine() { release(); }
+
+void Engine::release() {
+  for (Session* s : sessions_) api_->call<ReleaseSession>(s);
+  sessions_.clear();
+  for (Value* v : params_) api_->call<ReleaseValue>(v);
+  params_.clear();
+  if (cpu_) api_->call<ReleaseMemoryInfo>(cpu_);
+  cpu_ = nullptr;
+}
+
+Engine::Result Engine::serve(const Plan& plan, int lane, const uint8_t* data, size_t size,
+                             std::string& out, std::string& error) const {
+  if (lane < 0 || lane >= lanes()) return Result::kNotTaken;
+  ParsedRequest req;
+  if (!parse_request(data, size, plan, req)) return Result::kNotTaken;
+
+  const size_t n_in = req.inputs.size();
+  std::vector<std::unique_ptr<uint8_t[]>> buffers(n_in);
+  std::vector<const char*> in_names(n_in);
+  Values inputs{api_, {}};
+  inputs.items.reserve(n_in);
+  for (size_t i = 0; i < n_in; ++i) {
+    const ParsedInput& in = req.inputs[i];
+    const InputSpec& spec = plan.inputs[in.spec];
+    int type = input_element_type(spec);
+    if (type == 0) return Result::kNotTaken;
+    size_t bytes = size_t(in.count) * value_itemsize(spec);
+    buffers[i].reset(new uint8_t[bytes ? bytes : 1]);
+    if (!fill_values(plan, in, buffers[i].get(), data + size)) return Result::kNotTaken;
+    Value* v = nullptr;
+    Status* st = api_->call<CreateTensorWithDataAsOrtValue>(cpu_, buffers[i].get(), bytes, in.shape.data(),
+                                                            in.shape.size(), type, &v);
+    if (!succeeded(api_, st)) return Result::kNotTaken;
+    inputs.items.push_back(v);
+    in_names[i] = input_names_[in.spec].c_str();
+  }
+
+  std::vector<int> fetch = req.output_index;
+  if (fetch.empty()) {
+    for (size_t k = 0; k < plan.output_aliases.size(); ++k) fetch.push_back(int(k));
+  } else {
+    for (size_t a = 0; a < fetch.size(); ++a)  // a name fetched twice: the reference answers it once
+      for (size_t b = a + 1; b < fetch.size(); ++b)
+        if (req.output_filter[a].n == req.output_filter[b].n &&
+            std::memcmp(req.output_filter[a].p, req.output_filter[b].p, req.output_filter[a].n) == 0)
+          return Result::kNotTaken;
+  }
+  std::vector<const char*> out_names(fetch.size());
+  for (size_t k = 0; k < fetch.size(); ++k) out_names[k] = output_names_[fetch[k]].c_str();
+  Values outputs{api_, std::vector<Value*>(fetch.size(), nullptr)};
+  Status* st = api_->call<Run>(sessions_[lane_session_[lane]], nullptr, in_names.data(), inputs.items.data(),
+                               n_in, out_names.data(), out_names.size(), outputs.items.data());
+  if (st) {
+    error = api_->call<GetErrorMessage>(st);
+    api_->call<ReleaseStatus>(st);
+    return Result::kEngineError;
+  }
+
+  std::vector<Output> encoded(fetch.size());
+  for (size_t k = 0; k < fetch.size(); ++k) {
+    Output& o = encoded[k];
+    o.key = req.output_index.empty()
+                ? std::string_view(plan.output_aliases[fetch[k]])
+                : std::string_view(reinterpret_cast<const char*>(req.output_filter[k].p), req.output_filter[k].n);
+    TensorTypeAndShapeInfo* info = nullptr;
+    if (!succeeded(api_, api_->call<GetTensorTypeAndShape>(outputs.items[k], &info))) return Result::kNotTaken;
+    int type = 0;
+    size_t ndim = 0, count = 0;
+    bool ok = succeeded(api_, api_->call<GetTensorElementType>(info, &type)) &&
+              succeeded(api_, api_->call<GetDimensionsCount>(info, &ndim));
+    if (ok) {
+      o.shape.resize(ndim);
+      ok = succeeded(api_, api_->call<GetDimensions>(info, o.shape.data(), ndim)) &&
+           succeeded(api_, api_->call<GetTensorShapeElementCount>(info, &count));
+    }
+    api_->call<ReleaseTensorTypeAndShapeInfo>(info);
+    void* ptr = nullptr;
+    if (!ok || !output_elem(type, o.elem, o.dtype) ||
+        !succeeded(api_, api_->call<GetTensorMutableData>(outputs.items[k], &ptr)))
+      return Result::kNotTaken;
+    o.data = ptr;
+    o.count = count;
+  }
+  size_t total = response_size(encoded);
+  out.resize(total);
+  write_response(encoded, reinterpret_cast<uint8_t*>(out.data()));
+  return Result::kOk;
+}
+
+}  // namespace sp::ort

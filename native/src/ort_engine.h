@@ -1,0 +1,77 @@
+// ort_engine.h -- whole requests on ONNX Runtime without Python: wire bytes in, wire bytes out.
+//
+// An Engine owns one ONNX Runtime session per lane, created through the C API of the runtime
+// library the onnxruntime package ships (ort_api.h), over parameters the caller owns (numpy
+// arrays of the Python backend, added as initializers: no copy, and in-place updates reach every
+// session). serve() parses and checks a PredictRequest (request.h), runs it on a lane and writes
+// the PredictResponse (response.h), all without touching Python, so the caller releases the GIL
+// for the whole request. Thread-safe: any number of threads may serve on any lanes at once.
+//
+// CPU sessions only: the Python binding carries its own copy of ONNX Runtime, and two copies in
+// one process must not both load the CUDA provider library.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ort_api.h"
+#include "request.h"
+
+namespace sp::ort {
+
+// dlopen()s the runtime library and takes its API table; once per process (later calls return
+// the first result). nullptr with `err` set when it cannot.
+const Api* load_api(const std::string& library, std::string& err);
+
+struct SessionSpec {
+  bool per_session_threads = true;
+  int intra_threads = 0;
+  int inter_threads = 0;
+  std::string affinities;  // session.intra_op_thread_affinities ("" = none)
+};
+
+struct Parameter {
+  std::string name;
+  void* data = nullptr;  // owned by the caller, alive as long as the engine
+  size_t bytes = 0;
+  std::vector<int64_t> shape;
+  int element_type = 0;  // ElementType
+};
+
+class Engine {
+ public:
+  enum class Result { kOk, kNotTaken, kEngineError };
+
+  // Throws std::runtime_error naming what failed. `global_intra` / `global_inter`: the sizes of
+  // the process-wide pools, used if this is the first engine and a session wants them.
+  Engine(const Api* api, const std::string& model_path, const std::vector<Parameter>& params,
+         const std::vector<SessionSpec>& sessions, std::vector<int> lane_session,
+         std::vector<std::string> input_names, std::vector<std::string> output_names,
+         int global_intra, int global_inter);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // kOk: `out` holds the PredictResponse. kNotTaken: the request is not one this path takes
+  // (invalid, rare wire forms, outputs of other types): the caller runs the reference path.
+  // kEngineError: ONNX Runtime refused it (`error` says why); the caller's reference path
+  // reports it. `plan` is the request plan of the same signature (inputs and outputs in the
+  // order of input_names / output_names).
+  Result serve(const Plan& plan, int lane, const uint8_t* data, size_t size, std::string& out,
+               std::string& error) const;
+
+  int lanes() const { return int(lane_session_.size()); }
+
+ private:
+  void release();
+
+  const Api* api_;
+  std::vector<Value*> params_;
+  std::vector<Session*> sessions_;
+  std::vector<int> lane_session_;
+  std::vector<std::string> input_names_, output_names_;
+  MemoryInfo* cpu_ = nullptr;
+};
+
+}  // namespace sp::ort
