@@ -103,6 +103,22 @@ def ctr_files(ctr_model_small, tmp_path_factory) -> dict:
             "prefix": str(ctr_model_small.latest_checkpoint_prefix)}
 
 
+@pytest.fixture(scope="module")
+def ort_files(tmp_path_factory) -> dict:
+    """Config and request files for a DLRM-like .onnx model: the native ONNX Runtime engine."""
+    from demo import dlrm_onnx
+    from processor.codec import encode_request
+
+    d = tmp_path_factory.mktemp("c_abi_ort")
+    dlrm_onnx.build(d / "model" / "model.onnx", rows=1000, dim=8)
+    config = {"savedmodel_dir": str(d / "model"), "backend": "onnxruntime", "session_num": 2,
+              "use_per_session_threads": True, "intra_op_parallelism_threads": 1,
+              "inter_op_parallelism_threads": 1, "file_system_poll_wait_seconds": 0}
+    (d / "config.json").write_text(json.dumps(config))
+    (d / "request.pb").write_bytes(encode_request(dlrm_onnx.inputs(8)))
+    return {"dir": d, "config": d / "config.json", "request": d / "request.pb"}
+
+
 def run_host(native_build, files, *args: str, host: str = "host", env=None,
              timeout: int = 300) -> subprocess.CompletedProcess:
     cmd = [str(native_build[host]), "--config", str(files["config"]), "--request", str(files["request"]),
@@ -354,7 +370,8 @@ def _lsan_runtime() -> str | None:
 
 def _assert_no_library_leak(report: str, calls: int) -> list[dict]:
     leaks = _leaks(report)
-    ours = [r for r in leaks if "libserving_processor" in r["stack"] or "processor_host" in r["stack"]]
+    ours = [r for r in leaks if any(name in r["stack"] for name in ("libserving_processor", "processor_host",
+                                                                    "_native.cpython"))]
     assert not ours, "\n\n".join(r["stack"] for r in ours)
     # Python objects leaked by the library would show as one record per call site with a count
     # that grows with the calls (their stacks may stop inside libpython, which has no frame
@@ -389,6 +406,19 @@ def test_no_leak_10000_calls_under_lsan(native_build, ctr_files):
     # (LSan scans conservatively: a stale copy of a pointer can hide a few of the 100.)
     ours = [r for r in _leaks(proc.stderr) if r["kind"] == "Direct" and "libserving_processor" in r["stack"]]
     assert 90 <= sum(r["objects"] for r in ours) <= 100, proc.stderr[-5000:]
+
+
+def test_no_leak_100000_calls_on_the_native_engine_under_lsan(native_build, ort_files):
+    """100,000 calls through the C ABI, the native codec and the native ONNX Runtime engine."""
+    if not native_build["host_lsan"].exists():
+        pytest.skip("the compiler has no -fsanitize=leak")
+    env = _env(PYTHONMALLOC="malloc", LSAN_OPTIONS=LSAN_OPTIONS)
+    proc = run_host(native_build, ort_files, "--threads", "4", "--calls", "25000", host="host_lsan", env=env,
+                    timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-5000:]
+    res = _result(proc.stdout)
+    assert res["total"] == 100000 and res["errors"] == 0 and res["mismatches"] == 0
+    _assert_no_library_leak(proc.stderr, 100000)
 
 
 def test_no_leak_error_paths_under_lsan(native_build, ctr_files):
