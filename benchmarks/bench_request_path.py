@@ -172,6 +172,34 @@ def measure_model(name: str, args) -> list[dict]:
     return rows
 
 
+def measure_tf_strings(args) -> list[dict]:
+    """TensorFlow: the string inputs as an object array of bytes (what the codec makes) vs a
+    fixed-width numpy 'S' array, fed to the bare TF call; calls/s and GIL us, batch 256 / 2048."""
+    from processor import codec
+    from processor.processor import Processor
+
+    base, make_inputs = model_source("demo-tensorflow", args.preset)
+    proc = Processor.create("bench", json.dumps(processor_config(base, 1, "cpu")))
+    rows = []
+    try:
+        with proc.manager.acquire() as group:
+            backend, signature = group.backend, group.signature
+        strings = [a for a, s in signature.inputs.items() if s.dtype == 7]
+        for batch in (256, 2048):
+            feeds = codec.decode_request(codec.encode_request(make_inputs(batch)), signature).feeds
+            fixed = {**feeds, **{a: feeds[a].astype("S") for a in strings}}
+            for form, f in (("object bytes", feeds), ("fixed-width S", fixed)):
+                call = backend.bare_call(0, f, tuple(signature.outputs))
+                loop = run_threads(lambda i: call(), 1, args.seconds)
+                gil = gil_profile(call, args.gil_seconds) if args.gil_seconds > 0 else None
+                rows.append({"batch": batch, "form": form, "rps": loop["calls_per_s"],
+                             "gil_us": gil["gil_us"] if gil else None})
+                print(json.dumps(rows[-1]), flush=True)
+    finally:
+        proc.close()
+    return rows
+
+
 def measure_c_host(name: str, args) -> dict | None:
     """processor_host (the .so from C++ threads), batch 256, 1 and 4 threads, session_num 4."""
     host = ROOT / "cpp_processor" / "build" / "processor_host"
@@ -240,6 +268,10 @@ def markdown(payload: dict) -> str:
         if r.get("gil_where_process"):
             lines += ["", f"Where process() holds the GIL ({r['model']}, batch {r['batch']}, us/request): " +
                       "; ".join(f"{w['where']} {w['us']}" for w in r["gil_where_process"])]
+    if payload.get("tf_strings"):
+        lines += ["", "TensorFlow string inputs (bare call, 1 thread): " + "; ".join(
+            f"batch {r['batch']} {r['form']}: {r['rps']:,.0f} req/s"
+            + (f", GIL {r['gil_us']:.0f} us" if r["gil_us"] is not None else "") for r in payload["tf_strings"])]
     for h in payload["c_host"]:
         lines += ["", f"C host ({h['model']}, batch 256, session_num 4): {h['rps_1']:,.0f} req/s on 1 thread, "
                       f"{h['rps_4']:,.0f} on 4: {h['scaling_4_over_1']:.2f}x"]
@@ -258,6 +290,8 @@ def main() -> None:
     parser.add_argument("--host-calls", type=int, default=4000)
     parser.add_argument("--c-host-model", default="dlrm-onnx", help="model for the C host row ('' = none)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--tf-strings", action="store_true",
+                        help="also time the forms TensorFlow can take string inputs in")
     parser.add_argument("--tag", default="", help="suffix of the result files, e.g. h100")
     args = parser.parse_args()
 
@@ -265,8 +299,9 @@ def main() -> None:
     for name in args.models.split(","):
         rows += measure_model(name, args)
     hosts = [h for h in [measure_c_host(args.c_host_model, args)] if h] if args.c_host_model else []
+    tf_strings = measure_tf_strings(args) if args.tf_strings else []
     payload = {"device": args.device, "seconds": args.seconds, "machine": machine(), "rows": rows,
-               "c_host": hosts}
+               "c_host": hosts, "tf_strings": tf_strings}
     write_results("request_path" + (f"-{args.tag}" if args.tag else ""), payload, markdown(payload))
 
 
