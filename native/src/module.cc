@@ -336,13 +336,14 @@ void make_engine(PyEngine* self, const std::string& library, const std::string& 
     keep.push_back(nb::borrow(t[1]));
   }
   std::vector<sp::ort::SessionSpec> specs;
-  for (nb::handle item : sessions) {  // (per_session_threads, intra, inter, affinities)
+  for (nb::handle item : sessions) {  // (per_session_threads, intra, inter, affinities, cuda options)
     nb::tuple t = nb::cast<nb::tuple>(item);
     sp::ort::SessionSpec s;
     s.per_session_threads = nb::cast<bool>(t[0]);
     s.intra_threads = nb::cast<int>(t[1]);
     s.inter_threads = nb::cast<int>(t[2]);
     s.affinities = nb::cast<std::string>(t[3]);
+    for (auto kv : nb::cast<nb::dict>(t[4])) s.cuda.emplace_back(nb::cast<std::string>(kv.first), nb::cast<std::string>(kv.second));
     specs.push_back(std::move(s));
   }
   std::unique_ptr<sp::ort::Engine> engine;

@@ -7,8 +7,8 @@
 // the PredictResponse (response.h), all without touching Python, so the caller releases the GIL
 // for the whole request. Thread-safe: any number of threads may serve on any lanes at once.
 //
-// CPU sessions only: the Python binding carries its own copy of ONNX Runtime, and two copies in
-// one process must not both load the CUDA provider library.
+// GPU sessions get the CUDA execution provider with the options given (ort_native.py decides
+// whether GPU lanes use the engine).
 #pragma once
 
 #include <memory>
@@ -29,6 +29,8 @@ struct SessionSpec {
   int intra_threads = 0;
   int inter_threads = 0;
   std::string affinities;  // session.intra_op_thread_affinities ("" = none)
+  // CUDA execution provider options (key, value) for a GPU session; empty: CPU only.
+  std::vector<std::pair<std::string, std::string>> cuda;
 };
 
 struct Parameter {

@@ -135,13 +135,19 @@ def configure_tf_cpus(session_config, plan: DevicePlan) -> None:
         session_config.device_count["CPU"] = max(ids) + 1
 
 
+def cuda_options(device: LaneDevice) -> dict[str, str]:
+    """The CUDA execution provider's options for a lane's ORT session ({} on the CPU)."""
+    if device.gpu is None:
+        return {}
+    return {"device_id": str(device.gpu), "arena_extend_strategy": "kSameAsRequested",
+            "do_copy_in_default_stream": "1"}
+
+
 def ort_providers(device: LaneDevice) -> list:
     """``providers`` for the ORT session of one lane: CUDA EP on its GPU (own stream), then CPU."""
     if device.gpu is None:
         return ["CPUExecutionProvider"]
-    return [("CUDAExecutionProvider", {"device_id": str(device.gpu), "arena_extend_strategy": "kSameAsRequested",
-                                       "do_copy_in_default_stream": "1"}),
-            "CPUExecutionProvider"]
+    return [("CUDAExecutionProvider", cuda_options(device)), "CPUExecutionProvider"]
 
 
 # --- discovery ----------------------------------------------------------------------------------

@@ -160,11 +160,13 @@ class OnnxRuntimeBackend:
         # InferenceSession.run re-checks the feed names in Python on every call; the feeds here
         # are checked against the signature already, so requests call the binding's run itself.
         self._lane_run = [session._sess.run for session in self._lane_session]
-        why_not = ("GPU lanes serve through the ONNX Runtime Python binding" if plan.on_gpu else
+        why_not = ("GPU lanes serve through the ONNX Runtime Python binding"
+                   if plan.on_gpu and not ort_native.GPU_LANES else
                    f"string inputs {sorted(self._strings)} are not hashed" if self._strings else "")
         self._engine, self._engine_report = ort_native.open_engine(
             self._prepared.model_path, self.signature, self._params,
-            [self._session_threads(self._session_target(i)[1]) for i in range(plan.sessions)],
+            [(*self._session_threads(cpus), gpu.cuda_options(device))
+             for device, cpus in map(self._session_target, range(plan.sessions))],
             [d.session for d in plan.lanes], self._global_pools, why_not)
 
     def _session_target(self, index: int) -> tuple[gpu.LaneDevice, tuple[int, ...] | None]:

@@ -27,6 +27,11 @@ from .. import native
 from ..signature import Signature
 from . import pinning
 
+# Whether GPU lanes use the engine too (their sessions get the CUDA execution provider). Off
+# until shown on a GPU machine: the binding's own copy of ONNX Runtime loads the CUDA provider
+# library as well.
+GPU_LANES = False
+
 
 def runtime_library() -> str | None:
     """The ONNX Runtime C library of the installed onnxruntime package, or None."""
@@ -37,12 +42,12 @@ def runtime_library() -> str | None:
 
 
 def open_engine(model_path: str, signature: Signature, parameters: dict[str, np.ndarray],
-                sessions: list[tuple[bool, int, int, str]], lane_session: list[int],
+                sessions: list[tuple[bool, int, int, str, dict[str, str]]], lane_session: list[int],
                 global_pools: tuple[int, int] | None, why_not: str = "") -> tuple[Any, dict[str, Any]]:
     """(engine or None, report for model info).
 
-    ``sessions``: per session (per-session threads, intra, inter, affinities) as the Python
-    sessions have them; ``lane_session``: the session of every lane. ``why_not``: a reason this
+    ``sessions``: per session (per-session threads, intra, inter, affinities, CUDA provider
+    options or {}) as the Python sessions have them; ``lane_session``: the session of every lane. ``why_not``: a reason this
     backend cannot use the engine (GPU lanes, plain string inputs), checked first.
     """
     if native.MODULE is None:
