@@ -141,18 +141,21 @@ def measure_model(name: str, args) -> list[dict]:
             with proc.manager.acquire() as group:
                 backend, signature = group.backend, group.signature
                 info = group.describe()
+            print("native engine:", json.dumps(info.get("native_engine")), flush=True)
             fetches = tuple(signature.outputs)
             for batch in args.batches:
                 inputs = make_inputs(batch)
                 request = codec.encode_request(inputs)
                 decoded = codec.decode_request(request, signature)
                 bare = [backend.bare_call(lane, decoded.feeds, fetches) for lane in range(threads)]
-                status, _ = proc.process(request)
-                assert status == 200, proc.process(request)[1][:300]
+                status, body = proc.process(request)
+                assert status == 200, body[:300]
+                answer, limit = codec.decode_response(body), bare[0]()
+                diff = max(float(np.max(np.abs(answer[k] - v), initial=0.0)) for k, v in zip(fetches, limit))
                 process = run_threads(lambda i: proc.process(request), threads, args.seconds)
                 raw = run_threads(lambda i: bare[i](), threads, args.seconds)
                 row = {"model": name, "device": args.device, "batch": batch, "threads": threads,
-                       "request_bytes": len(request),
+                       "request_bytes": len(request), "max_abs_diff_vs_raw": diff,
                        "process_rps": process["calls_per_s"], "raw_rps": raw["calls_per_s"],
                        "ratio": process["calls_per_s"] / raw["calls_per_s"],
                        "process_p50_us": process["p50_us"], "process_p99_us": process["p99_us"],
@@ -293,14 +296,21 @@ def main() -> None:
     parser.add_argument("--tf-strings", action="store_true",
                         help="also time the forms TensorFlow can take string inputs in")
     parser.add_argument("--tag", default="", help="suffix of the result files, e.g. h100")
+    parser.add_argument("--gpu-native", action="store_true",
+                        help="GPU lanes on the native ONNX Runtime engine too (processor.engine.ort_native.GPU_LANES)")
     args = parser.parse_args()
+    if args.gpu_native:
+        from processor.engine import ort_native
+
+        ort_native.GPU_LANES = True
 
     rows = []
     for name in args.models.split(","):
         rows += measure_model(name, args)
     hosts = [h for h in [measure_c_host(args.c_host_model, args)] if h] if args.c_host_model else []
     tf_strings = measure_tf_strings(args) if args.tf_strings else []
-    payload = {"device": args.device, "seconds": args.seconds, "machine": machine(), "rows": rows,
+    payload = {"device": args.device, "gpu_native": args.gpu_native, "seconds": args.seconds,
+               "machine": machine(), "rows": rows,
                "c_host": hosts, "tf_strings": tf_strings}
     write_results("request_path" + (f"-{args.tag}" if args.tag else ""), payload, markdown(payload))
 
