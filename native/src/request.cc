@@ -143,33 +143,32 @@ bool check_input(const InputSpec& spec, RawArray& a, ParsedInput& in) {
     return true;
   }
   Span v = a.packed[field];
-  int64_t n;
   if (varint) {
-    n = count_varints(v);
+    // 1 to 10 bytes a varint; fill_values() checks the exact count as it decodes (one pass).
+    if (int64_t(v.n) < count || int64_t(v.n) > count * 10) return false;
   } else {
     size_t width = field == 3 ? 4 : 8;
-    if (v.n % width) return false;
-    n = int64_t(v.n / width);
+    if (v.n % width || int64_t(v.n / width) != count) return false;
   }
-  if (n != count) return false;
   in.values = v;
   return true;
 }
 
-// The packed payloads below passed count_varints() in check_input(): they end on a varint's
-// last byte, so read_varint_terminated() cannot run past them.
+// Decodes exactly `count` varints of `v` into dst through convert(raw, T&) (false: refuse).
+template <typename T, typename C>
+bool fill_varints(Span v, const uint8_t* limit, int64_t count, T* dst, C&& convert) {
+  T* const stop = dst + count;
+  bool ok = for_each_varint(v, limit, [&](uint64_t raw) { return dst < stop && convert(raw, *dst++); });
+  return ok && dst == stop;
+}
+
 template <typename T>
-bool fill_ints(Span v, const uint8_t* limit, T* dst, int64_t lo, int64_t hi) {
-  const uint8_t* p = v.p;
-  const uint8_t* end = v.p + v.n;
-  while (p < end) {
-    uint64_t raw;
-    if (!read_varint_terminated(p, limit, raw)) return false;
+bool fill_ints(Span v, const uint8_t* limit, int64_t count, T* dst, int64_t lo, int64_t hi) {
+  return fill_varints(v, limit, count, dst, [&](uint64_t raw, T& out) {
     int64_t x = int64_t(int32_t(uint32_t(raw)));  // int32 field: upb keeps the low 32 bits
-    if (x < lo || x > hi) return false;
-    *dst++ = T(x);
-  }
-  return true;
+    out = T(x);
+    return x >= lo && x <= hi;
+  });
 }
 
 }  // namespace
@@ -235,25 +234,21 @@ bool fill_values(const Plan& plan, const ParsedInput& in, void* dst, const uint8
     case DT_DOUBLE:
       if (v.n) std::memcpy(dst, v.p, v.n);
       return true;
-    case DT_INT32: return fill_ints(v, limit, static_cast<int32_t*>(dst), INT32_MIN, INT32_MAX);
-    case DT_UINT8: return fill_ints(v, limit, static_cast<uint8_t*>(dst), 0, 255);
-    case DT_INT8: return fill_ints(v, limit, static_cast<int8_t*>(dst), -128, 127);
-    case DT_INT16: return fill_ints(v, limit, static_cast<int16_t*>(dst), -32768, 32767);
-    case DT_UINT16: return fill_ints(v, limit, static_cast<uint16_t*>(dst), 0, 65535);
+    case DT_INT32: return fill_ints(v, limit, in.count, static_cast<int32_t*>(dst), INT32_MIN, INT32_MAX);
+    case DT_UINT8: return fill_ints(v, limit, in.count, static_cast<uint8_t*>(dst), 0, 255);
+    case DT_INT8: return fill_ints(v, limit, in.count, static_cast<int8_t*>(dst), -128, 127);
+    case DT_INT16: return fill_ints(v, limit, in.count, static_cast<int16_t*>(dst), -32768, 32767);
+    case DT_UINT16: return fill_ints(v, limit, in.count, static_cast<uint16_t*>(dst), 0, 65535);
     case DT_INT64:
-    case DT_BOOL: {
-      const uint8_t* p = v.p;
-      const uint8_t* end = v.p + v.n;
-      int64_t* i64 = static_cast<int64_t*>(dst);
-      uint8_t* b = static_cast<uint8_t*>(dst);
-      while (p < end) {
-        uint64_t raw;
-        if (!read_varint_terminated(p, limit, raw)) return false;
-        if (spec.dtype == DT_INT64) *i64++ = int64_t(raw);
-        else *b++ = raw != 0;
-      }
-      return true;
-    }
+      return fill_varints(v, limit, in.count, static_cast<int64_t*>(dst), [](uint64_t raw, int64_t& out) {
+        out = int64_t(raw);
+        return true;
+      });
+    case DT_BOOL:
+      return fill_varints(v, limit, in.count, static_cast<uint8_t*>(dst), [](uint64_t raw, uint8_t& out) {
+        out = raw != 0;
+        return true;
+      });
     case DT_STRING: {
       if (!spec.fingerprint) return false;
       uint64_t* out = static_cast<uint64_t*>(dst);

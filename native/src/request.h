@@ -2,8 +2,9 @@
 //
 // parse_request() reads the message straight from the caller's buffer and checks every input
 // against the Plan (alias or tensor name known, each input once, dtype, rank, fixed dims, value
-// count). fill_values() then writes the values into buffers the caller allocated from the shapes
-// parse_request() found. Both only read the buffer and the Plan: thread-safe, and callable
+// count; for varint-encoded values only a bound, the exact count being checked as they are
+// decoded). fill_values() then writes the values into buffers the caller allocated from the
+// shapes parse_request() found, and fails on a wrong count or a value out of range. Both only read the buffer and the Plan: thread-safe, and callable
 // without the GIL.
 //
 // Either returns false when the request is not one this fast path takes: every invalid request,

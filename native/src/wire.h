@@ -68,47 +68,41 @@ inline bool skip_value(const uint8_t*& p, const uint8_t* end, uint32_t wire) {
   }
 }
 
-// Reads one varint of a payload whose last byte ends a varint (count_varints() >= 0), so no
-// bounds check per byte is needed. Same rule on the 10th byte as read_varint(). `limit` is the
-// end of the readable buffer (it may lie past the payload): with 8 bytes readable, a varint of
-// up to 8 bytes is decoded with one load and three mask-and-shift steps instead of a byte loop.
-inline bool read_varint_terminated(const uint8_t*& p, const uint8_t* limit, uint64_t& out) {
-  if (limit - p >= 8) {
+// Reads the next varint of a packed payload ending at `end`; `limit` is the end of the readable
+// buffer, which may lie past the payload. With 16 bytes readable the varint is one 8-byte load:
+// its length from the bytes' high bits, its value from three mask-and-shift steps (plus the
+// 9th and 10th byte of ids hashed to 64 bits). Same acceptance as read_varint().
+inline bool next_varint(const uint8_t*& p, const uint8_t* end, const uint8_t* limit, uint64_t& out) {
+  if (limit - p >= 16) {
     uint64_t x;
     std::memcpy(&x, p, 8);  // little-endian: byte i holds bits 7i..7i+6
     uint64_t stops = ~x & 0x8080808080808080ULL;
-    if (stops) {
-      int len = (__builtin_ctzll(stops) >> 3) + 1;
-      if (len < 8) x &= (uint64_t(1) << (8 * len)) - 1;
-      x = ((x & 0x7f007f007f007f00ULL) >> 1) | (x & 0x007f007f007f007fULL);
-      x = ((x & 0x3fff00003fff0000ULL) >> 2) | (x & 0x00003fff00003fffULL);
-      x = ((x & 0x0fffffff00000000ULL) >> 4) | (x & 0x000000000fffffffULL);
-      p += len;
-      out = x;
-      return true;
-    }
+    size_t len = stops ? size_t(__builtin_ctzll(stops) >> 3) + 1 : (p[8] < 0x80 ? 9 : 10);
+    if ((len == 10 && p[9] > 1) || len > size_t(end - p)) return false;
+    if (len < 8) x &= (uint64_t(1) << (8 * len)) - 1;
+    x = ((x & 0x7f007f007f007f00ULL) >> 1) | (x & 0x007f007f007f007fULL);
+    x = ((x & 0x3fff00003fff0000ULL) >> 2) | (x & 0x00003fff00003fffULL);
+    x = ((x & 0x0fffffff00000000ULL) >> 4) | (x & 0x000000000fffffffULL);
+    if (len > 8) x |= uint64_t(p[8] & 0x7f) << 56;
+    if (len > 9) x |= uint64_t(p[9]) << 63;
+    p += len;
+    out = x;
+    return true;
   }
-  uint64_t v = 0;
-  for (int i = 0; i < 10; ++i) {
-    uint8_t b = p[i];
-    v |= uint64_t(b & 0x7f) << (7 * i);
-    if (b < 0x80) {
-      if (i == 9 && b > 1) return false;
-      p += i + 1;
-      out = v;
-      return true;
-    }
-  }
-  return false;
+  return read_varint(p, end, out);
 }
 
-// Number of varints in a packed payload; -1 when the payload ends inside a varint.
-inline int64_t count_varints(Span s) {
-  if (s.n == 0) return 0;
-  if (s.p[s.n - 1] & 0x80) return -1;
-  int64_t n = 0;
-  for (size_t i = 0; i < s.n; ++i) n += (s.p[i] < 0x80);
-  return n;
+// Calls f(value) for every varint of a packed payload, in order; false when a varint is
+// malformed or too long, or f returns false.
+template <typename F>
+inline bool for_each_varint(Span s, const uint8_t* limit, F&& f) {
+  const uint8_t* p = s.p;
+  const uint8_t* end = s.p + s.n;
+  while (p < end) {
+    uint64_t value;
+    if (!next_varint(p, end, limit, value) || !f(value)) return false;
+  }
+  return true;
 }
 
 inline bool is_ascii(Span s) {
