@@ -129,6 +129,15 @@ def gil_profile(call, seconds: float, rate: int = 1000) -> dict | None:
 
 # --- measurements -------------------------------------------------------------------------------
 
+def paired_rounds(mine, theirs, threads: int, seconds: float, rounds: int) -> tuple[dict, dict, float]:
+    """``rounds`` alternating loops of each; (median round of mine, of theirs, median of the
+    per-round ratios). Alternating pairs keep a noisy neighbour from favouring one side."""
+    pairs = [(run_threads(mine, threads, seconds), run_threads(theirs, threads, seconds)) for _ in range(rounds)]
+    ratios = sorted(a["calls_per_s"] / b["calls_per_s"] for a, b in pairs)
+    median = lambda runs: sorted(runs, key=lambda r: r["calls_per_s"])[len(runs) // 2]  # noqa: E731
+    return median([a for a, _ in pairs]), median([b for _, b in pairs]), ratios[len(ratios) // 2]
+
+
 def measure_model(name: str, args) -> list[dict]:
     from processor import codec
     from processor.processor import Processor
@@ -152,12 +161,12 @@ def measure_model(name: str, args) -> list[dict]:
                 assert status == 200, body[:300]
                 answer, limit = codec.decode_response(body), bare[0]()
                 diff = max(float(np.max(np.abs(answer[k] - v), initial=0.0)) for k, v in zip(fetches, limit))
-                process = run_threads(lambda i: proc.process(request), threads, args.seconds)
-                raw = run_threads(lambda i: bare[i](), threads, args.seconds)
+                process, raw, ratio = paired_rounds(lambda i: proc.process(request), lambda i: bare[i](),
+                                                    threads, args.seconds, args.rounds)
                 row = {"model": name, "device": args.device, "batch": batch, "threads": threads,
                        "request_bytes": len(request), "max_abs_diff_vs_raw": diff,
                        "process_rps": process["calls_per_s"], "raw_rps": raw["calls_per_s"],
-                       "ratio": process["calls_per_s"] / raw["calls_per_s"],
+                       "ratio": ratio, "rounds": args.rounds,
                        "process_p50_us": process["p50_us"], "process_p99_us": process["p99_us"],
                        "raw_p50_us": raw["p50_us"], "raw_p99_us": raw["p99_us"]}
                 if threads == args.threads[0] and args.gil_seconds > 0:
@@ -193,7 +202,7 @@ def measure_tf_strings(args) -> list[dict]:
             fixed = {**feeds, **{a: feeds[a].astype("S") for a in strings}}
             for form, f in (("object bytes", feeds), ("fixed-width S", fixed)):
                 call = backend.bare_call(0, f, tuple(signature.outputs))
-                loop = run_threads(lambda i: call(), 1, args.seconds)
+                loop = run_threads(lambda i: call(), 1, args.seconds * args.rounds)
                 gil = gil_profile(call, args.gil_seconds) if args.gil_seconds > 0 else None
                 rows.append({"batch": batch, "form": form, "rps": loop["calls_per_s"],
                              "gil_us": gil["gil_us"] if gil else None})
@@ -252,8 +261,9 @@ def markdown(payload: dict) -> str:
     m = payload["machine"]
     lines = [f"# Request path: process() vs the bare engine call ({payload['device']})", "",
              f"Machine: {m['cpu']}, {m['cores']} cores" + (f", {m['gpu']}" if m["gpu"] else "") +
-             f"; Python {m['python']}, onnxruntime {m['onnxruntime']}. {payload['seconds']} s per loop; "
-             f"session_num = threads, intra-op 1, MOD.", "",
+             f"; Python {m['python']}, onnxruntime {m['onnxruntime']}. {payload['seconds']} s per loop, "
+             f"{payload.get('rounds', 1)} alternating rounds (median); session_num = threads, intra-op 1, MOD" +
+             ("; GPU lanes on the native engine" if payload.get("gpu_native") else "") + ".", "",
              "| model | batch | threads | process req/s | raw req/s | ratio | p99 process / raw us "
              "| GIL us/request process / raw |", "|---|---|---|---|---|---|---|---|"]
     for r in payload["rows"]:
@@ -288,7 +298,8 @@ def main() -> None:
     parser.add_argument("--preset", default="auto", help="demo model preset (full, small, auto)")
     parser.add_argument("--batches", type=ints, default=[1, 256, 2048])
     parser.add_argument("--threads", type=ints, default=[1, 2])
-    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--seconds", type=float, default=2.0, help="per loop")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating process / raw loops per figure")
     parser.add_argument("--gil-seconds", type=float, default=3.0, help="py-spy window (0: skip)")
     parser.add_argument("--host-calls", type=int, default=4000)
     parser.add_argument("--c-host-model", default="dlrm-onnx", help="model for the C host row ('' = none)")
@@ -309,7 +320,7 @@ def main() -> None:
         rows += measure_model(name, args)
     hosts = [h for h in [measure_c_host(args.c_host_model, args)] if h] if args.c_host_model else []
     tf_strings = measure_tf_strings(args) if args.tf_strings else []
-    payload = {"device": args.device, "gpu_native": args.gpu_native, "seconds": args.seconds,
+    payload = {"device": args.device, "gpu_native": args.gpu_native, "seconds": args.seconds, "rounds": args.rounds,
                "machine": machine(), "rows": rows,
                "c_host": hosts, "tf_strings": tf_strings}
     write_results("request_path" + (f"-{args.tag}" if args.tag else ""), payload, markdown(payload))
