@@ -23,6 +23,11 @@ the calling thread, helped by the intra-op pool.
 GPU: one CUDA execution provider per session on the lane's GPU (its own compute stream); see
 :mod:`processor.engine.gpu` for how lanes map to sessions.
 
+Native engine (:mod:`.ort_native`): on CPU lanes, a second set of sessions over the same parameter
+arrays, created through ONNX Runtime's C API, serves whole wire requests without the GIL
+(:meth:`wire_server`); the binding sessions above serve everything else (feeds from JSON
+front-ends, requests the engine does not take, warm-up, traces).
+
 Parameter updates (hot update): :meth:`update_parameter` writes new values, whole or by rows,
 into the shared arrays in place; every session sees them on its next run. ``apply_delta`` uses
 it for delta checkpoints. Updates are not atomic against runs in flight (a run may read some
