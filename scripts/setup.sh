@@ -16,6 +16,10 @@ missing=()
 for tool in cmake:cmake g++:g++ make:make redis-server:redis-server redis-cli:redis-tools; do
   command -v "${tool%%:*}" >/dev/null 2>&1 || missing+=("${tool##*:}")
 done
+# Python's headers, for the native builds (a Debian python3.11 has them in python3.11-dev).
+if ! "$py" -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'; then
+  missing+=("$("$py" -c 'import sys; print("python3.%d-dev" % sys.version_info[1])')")
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "[setup] installing ${missing[*]}"
