@@ -20,10 +20,10 @@ from ..errors import ConfigError
 from ..signature import Signature
 from ..store.checkpoint_layout import ModelVersion
 from ..tracing.events import EngineTrace
+from ..wire_codec import WireCodec
 from .backend import Backend
 from .lane_policy import LanePolicy
 from .update_gate import UpdateGate
-from ..wire_codec import WireCodec
 
 
 class SessionGroup:
