@@ -227,8 +227,6 @@ class ModelManager:
         with self._lock:
             version = latest_version(self.store, self.config.savedmodel_dir, self.config.checkpoint_dir,
                                      pin_full_step=full_step)
-            version = ModelVersion(version.full_step, -1, full_prefix=version.full_prefix,
-                                   savedmodel_dir=version.savedmodel_dir, run_dir=version.run_dir)
             if version != self.served_version():
                 self.load(version)
             self._pinned = version

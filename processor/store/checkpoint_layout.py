@@ -4,8 +4,12 @@
 <checkpoint_dir>/<run>/checkpoint                          newest run = newest mtime of this file
 <checkpoint_dir>/<run>/model.ckpt-<step>.index|data-*      full checkpoints; served = highest step
 <checkpoint_dir>/<run>/.incremental_checkpoint/            deltas (or .incremental_ckpt/)
-    incremental_model.ckpt-<step>.index|data-*             served = highest step above the full
+    incremental_model.ckpt-<step>.index|data-*             served = the served full's newest delta
 ```
+
+A delta belongs to the full checkpoint it follows: for full F, only deltas with
+F < step < (the next full's step) apply to it (a delta written after full F2 holds changes against
+F2's parameters; applied to an older full it would serve parameters that never existed).
 
 A checkpoint counts only when its ``.index`` and every ``.data-NNNNN-of-MMMMM`` shard it names
 exist, so a checkpoint still being copied in is not picked up. Pure functions over a
@@ -100,7 +104,8 @@ def _all_shards(prefix: str, shards: list[str]) -> bool:
 
 def latest_version(store: ModelStore, savedmodel_dir: str, checkpoint_dir: str | None,
                    pin_full_step: int | None = None) -> ModelVersion:
-    """The version to serve now; ``pin_full_step`` serves that full step (and its deltas).
+    """The version to serve now: the newest full plus its own newest delta (see the module doc);
+    with ``pin_full_step``, exactly that full checkpoint, no delta.
 
     Raises Unavailable when nothing servable exists yet, NotFound for a pinned step that is absent.
     Paths may be URLs of the store; the version holds the store's own paths.
@@ -126,8 +131,9 @@ def latest_version(store: ModelStore, savedmodel_dir: str, checkpoint_dir: str |
         delta_dir = posixpath.join(run, name)
         if store.exists(delta_dir):
             deltas.update(complete_checkpoints(store, delta_dir))
-    later = [s for s in deltas if s > full_step]
-    delta_step = max(later) if later else -1
+    next_full = min((s for s in fulls if s > full_step), default=None)
+    own = [s for s in deltas if s > full_step and (next_full is None or s < next_full)]
+    delta_step = max(own) if own and pin_full_step is None else -1
     return ModelVersion(full_step, delta_step, full_prefix=fulls[full_step],
                         delta_prefix=deltas.get(delta_step, ""), savedmodel_dir=savedmodel_dir,
                         run_dir=run)

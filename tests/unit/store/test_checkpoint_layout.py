@@ -86,6 +86,26 @@ def test_checkpoint_dir_may_be_the_run_itself(layout):
     assert latest_version(ModelStore(), str(sm), str(run)).full_step == 7
 
 
+def test_a_delta_belongs_to_the_full_it_follows(layout):
+    """Deltas after a newer full are not applied to an older one, pinned or followed."""
+    root, sm = layout
+    run = root / "ck" / "1"
+    for s in (1, 3, 6):
+        ckpt(run, "model.ckpt", s)
+    for s in (2, 4, 5, 7):
+        ckpt(run / ".incremental_checkpoint", "incremental_model.ckpt", s)
+    touch(run / "checkpoint")
+    store, ck = ModelStore(), str(root / "ck")
+    v = latest_version(store, str(sm), ck)
+    assert (v.full_step, v.delta_step) == (6, 7)
+    for full in (1, 3, 6):  # a pinned full step names exactly that full
+        v = latest_version(store, str(sm), ck, pin_full_step=full)
+        assert (v.full_step, v.delta_step, v.delta_prefix) == (full, -1, "")
+    (run / ".incremental_checkpoint" / "incremental_model.ckpt-7.index").unlink()
+    v = latest_version(store, str(sm), ck)
+    assert (v.full_step, v.delta_step) == (6, -1)  # deltas 4 and 5 belong to full 3
+
+
 def test_pinned_step(layout):
     root, sm = layout
     run = root / "ck" / "1"
