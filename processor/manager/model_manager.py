@@ -13,8 +13,9 @@ Off the request path it reconciles the version the store declares (through the
   exponential backoff; a newer version is tried at once.
 
 Rollback: :meth:`rollback` serves the previously served version and pins it; :meth:`pin` serves
-a given full step; :meth:`unpin` follows the newest again. ``restore_model_version`` in the config
-pins at start.
+the parameters at a given full or delta step; :meth:`unpin` follows the newest again.
+``restore_model_version`` in the config pins a step at start. A delta only ever applies to the
+full checkpoint it follows (:mod:`processor.store.checkpoint_layout`).
 
 Thread safety: :meth:`acquire` may be called from any number of threads; everything that loads
 or swaps is serialized by an internal lock.
@@ -70,7 +71,7 @@ class ModelManager:
         self._current: ServableHandle | None = None
         self._lock = threading.RLock()
         self._pinned: ModelVersion | None = None
-        self._pinned_full: int | None = config.restore_model_version
+        self._pinned_step: int | None = config.restore_model_version
         self._history: list[ModelVersion] = []
         self._failures: dict[ModelVersion, _Failure] = {}
         self._warmup_file: bytes | None = None
@@ -116,7 +117,7 @@ class ModelManager:
         if self._pinned is not None:
             return self._pinned
         return latest_version(self.store, self.config.savedmodel_dir, self.config.checkpoint_dir,
-                              pin_full_step=self._pinned_full)
+                              pin_step=self._pinned_step)
 
     def reconcile(self, target: ModelVersion) -> None:
         """Make ``target`` the served version (full load or delta); keep serving on failure."""
@@ -222,11 +223,13 @@ class ModelManager:
             self._pinned = target
             return target
 
-    def pin(self, full_step: int) -> ModelVersion:
-        """Serve full checkpoint ``full_step`` (no deltas) until :meth:`unpin`."""
+    def pin(self, step: int) -> ModelVersion:
+        """Serve the parameters at ``step`` until :meth:`unpin`: a full step is exactly that full,
+        a delta step the full it follows plus that delta. NotFound (listing the steps there are)
+        for a step that exists nowhere."""
         with self._lock:
             version = latest_version(self.store, self.config.savedmodel_dir, self.config.checkpoint_dir,
-                                     pin_full_step=full_step)
+                                     pin_step=step)
             if version != self.served_version():
                 self.load(version)
             self._pinned = version
@@ -236,7 +239,7 @@ class ModelManager:
         """Follow the newest version again; returns it once it serves."""
         with self._lock:
             self._pinned = None
-            self._pinned_full = None
+            self._pinned_step = None
             target = self.discover()
             if target != self.served_version():
                 self.load(target)
@@ -299,7 +302,7 @@ class ModelManager:
         handle = self._current
         out: dict[str, Any] = {
             "name": self.name, "state": self.state, "last_error": self.last_error,
-            "pinned": self._pinned.label if self._pinned else self._pinned_full,
+            "pinned": self._pinned.label if self._pinned else self._pinned_step,
             "history": [v.label for v in self._history],
             "failed_versions": [{"version": v.label, "attempts": f.attempts, "error": f.error}
                                 for v, f in self._failures.items()],

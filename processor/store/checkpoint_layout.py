@@ -103,12 +103,14 @@ def _all_shards(prefix: str, shards: list[str]) -> bool:
 
 
 def latest_version(store: ModelStore, savedmodel_dir: str, checkpoint_dir: str | None,
-                   pin_full_step: int | None = None) -> ModelVersion:
-    """The version to serve now: the newest full plus its own newest delta (see the module doc);
-    with ``pin_full_step``, exactly that full checkpoint, no delta.
+                   pin_step: int | None = None) -> ModelVersion:
+    """The version to serve now: the newest full plus its own newest delta (see the module doc).
 
-    Raises Unavailable when nothing servable exists yet, NotFound for a pinned step that is absent.
-    Paths may be URLs of the store; the version holds the store's own paths.
+    ``pin_step`` names the parameters at that step: a full step serves exactly that full; a
+    delta step serves the full it follows plus that delta. Raises Unavailable when nothing
+    servable exists yet, NotFound for a pinned step that exists nowhere (the message lists the
+    full and delta steps there are). Paths may be URLs of the store; the version holds the
+    store's own paths.
     """
     savedmodel_dir = store.strip(savedmodel_dir)
     find_savedmodel(store, savedmodel_dir)
@@ -119,21 +121,27 @@ def latest_version(store: ModelStore, savedmodel_dir: str, checkpoint_dir: str |
              if not posixpath.basename(p).startswith("incremental_")}
     if not fulls:
         raise Unavailable(f"run {run!r} holds no complete full checkpoint (model.ckpt-<step>)")
-    if pin_full_step is not None:
-        if pin_full_step not in fulls:
-            raise NotFound(f"full checkpoint step {pin_full_step} not found in {run!r}; "
-                           f"available: {sorted(fulls)}")
-        full_step = pin_full_step
-    else:
-        full_step = max(fulls)
     deltas: dict[int, str] = {}
     for name in DELTA_DIRS:
         delta_dir = posixpath.join(run, name)
         if store.exists(delta_dir):
             deltas.update(complete_checkpoints(store, delta_dir))
-    next_full = min((s for s in fulls if s > full_step), default=None)
-    own = [s for s in deltas if s > full_step and (next_full is None or s < next_full)]
-    delta_step = max(own) if own and pin_full_step is None else -1
+    if pin_step is None:
+        full_step = max(fulls)
+        delta_step = max(_own_deltas(full_step, fulls, deltas), default=-1)
+    elif pin_step in fulls:
+        full_step, delta_step = pin_step, -1
+    elif pin_step in deltas and any(s < pin_step for s in fulls):
+        full_step, delta_step = max(s for s in fulls if s < pin_step), pin_step
+    else:
+        raise NotFound(f"step {pin_step} names no checkpoint in {run!r}; full steps: {sorted(fulls)}, "
+                       f"delta steps: {sorted(deltas)}")
     return ModelVersion(full_step, delta_step, full_prefix=fulls[full_step],
                         delta_prefix=deltas.get(delta_step, ""), savedmodel_dir=savedmodel_dir,
                         run_dir=run)
+
+
+def _own_deltas(full_step: int, fulls: dict[int, str], deltas: dict[int, str]) -> list[int]:
+    """The delta steps that follow ``full_step`` and precede the next full."""
+    next_full = min((s for s in fulls if s > full_step), default=None)
+    return [s for s in deltas if s > full_step and (next_full is None or s < next_full)]

@@ -59,7 +59,8 @@ def as_response(reply: Reply) -> Response:
 
 
 class PinBody(BaseModel):
-    version: int = Field(ge=0, description="TF Serving version number (the full checkpoint step)")
+    version: int = Field(ge=0, description="the step to serve: a full checkpoint step, or a delta step "
+                                           "(its full plus that delta)")
 
 
 class RollbackBody(BaseModel):

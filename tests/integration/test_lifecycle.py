@@ -207,6 +207,29 @@ def test_rollback_and_pinning(ctr, trainer, feeds, make_processor):
     np.testing.assert_allclose(served(p, feeds)["logits"], newest, rtol=1e-6)
 
 
+def test_every_step_serves_exactly_its_parameters(ctr, trainer, feeds, make_processor):
+    """Fulls and deltas interleaved: pinning (at start or later) any full or delta step serves
+    the parameters the trainer had at that step; a delta never lands on another full."""
+    want = {ctr.steps[-1]: plain_tf_predict(ctr.savedmodel_dir, ctr.latest_checkpoint_prefix, feeds)["logits"]}
+    for save in ("delta", "delta", "full", "delta", "full"):
+        trainer.train(5)
+        (trainer.save_delta if save == "delta" else trainer.save_full)()
+        want[trainer.step] = trainer.predict(feeds)["logits"]
+    steps = sorted(want)
+    first = make_processor(model_config(ctr, restore_model_version=steps[0]))  # a full with later deltas
+    np.testing.assert_allclose(served(first, feeds)["logits"], want[steps[0]], rtol=1e-5, atol=1e-6)
+    p = make_processor(model_config(ctr, restore_model_version=steps[2]))  # a delta step at start
+    np.testing.assert_allclose(served(p, feeds)["logits"], want[steps[2]], rtol=1e-5, atol=1e-6)
+    for step in steps:
+        p.manager.pin(step)
+        np.testing.assert_allclose(served(p, feeds)["logits"], want[step], rtol=1e-5, atol=1e-6,
+                                   err_msg=f"step {step} ({label(p)})")
+    with pytest.raises(NotFound, match=r"full steps: .*delta steps: "):
+        p.manager.pin(steps[-1] + 1)
+    p.manager.unpin()
+    assert label(p) == str(steps[-1])
+
+
 def test_restore_model_version_pins_at_start(ctr, feeds, make_processor):
     p = make_processor(model_config(ctr, restore_model_version=ctr.steps[0]))
     want = plain_tf_predict(ctr.savedmodel_dir, ctr.checkpoint_prefixes[0], feeds)["logits"]

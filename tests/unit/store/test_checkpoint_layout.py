@@ -99,8 +99,13 @@ def test_a_delta_belongs_to_the_full_it_follows(layout):
     v = latest_version(store, str(sm), ck)
     assert (v.full_step, v.delta_step) == (6, 7)
     for full in (1, 3, 6):  # a pinned full step names exactly that full
-        v = latest_version(store, str(sm), ck, pin_full_step=full)
+        v = latest_version(store, str(sm), ck, pin_step=full)
         assert (v.full_step, v.delta_step, v.delta_prefix) == (full, -1, "")
+    for delta, full in ((2, 1), (4, 3), (5, 3), (7, 6)):  # a delta step: its full plus that delta
+        v = latest_version(store, str(sm), ck, pin_step=delta)
+        assert (v.full_step, v.delta_step) == (full, delta) and v.delta_prefix.endswith(f"ckpt-{delta}")
+    with pytest.raises(NotFound, match=r"step 8 .*full steps: \[1, 3, 6\], delta steps: \[2, 4, 5, 7\]"):
+        latest_version(store, str(sm), ck, pin_step=8)
     (run / ".incremental_checkpoint" / "incremental_model.ckpt-7.index").unlink()
     v = latest_version(store, str(sm), ck)
     assert (v.full_step, v.delta_step) == (6, -1)  # deltas 4 and 5 belong to full 3
@@ -112,9 +117,9 @@ def test_pinned_step(layout):
     for s in (100, 200):
         ckpt(run, "model.ckpt", s)
     touch(run / "checkpoint")
-    assert latest_version(ModelStore(), str(sm), str(root / "ck"), pin_full_step=100).full_step == 100
-    with pytest.raises(NotFound, match="available: \\[100, 200\\]"):
-        latest_version(ModelStore(), str(sm), str(root / "ck"), pin_full_step=150)
+    assert latest_version(ModelStore(), str(sm), str(root / "ck"), pin_step=100).full_step == 100
+    with pytest.raises(NotFound, match="full steps: \\[100, 200\\], delta steps: \\[\\]"):
+        latest_version(ModelStore(), str(sm), str(root / "ck"), pin_step=150)
 
 
 def test_no_runs_is_unavailable(layout):
