@@ -72,6 +72,9 @@ class ModelManager:
         self._lock = threading.RLock()
         self._pinned: ModelVersion | None = None
         self._pinned_step: int | None = config.restore_model_version
+        # Why a version is pinned, for model info; None while following the newest.
+        self._pin_reason: str | None = ("config restore_model_version"
+                                        if config.restore_model_version is not None else None)
         self._history: list[ModelVersion] = []
         self._failures: dict[ModelVersion, _Failure] = {}
         self._warmup_file: bytes | None = None
@@ -220,7 +223,7 @@ class ModelManager:
                 raise NotFound(f"model {self.name!r} has no previous version to roll back to")
             target = self._history[-2]
             self.load(target)
-            self._pinned = target
+            self._pinned, self._pin_reason = target, "rollback"
             return target
 
     def pin(self, step: int) -> ModelVersion:
@@ -232,7 +235,7 @@ class ModelManager:
                                      pin_step=step)
             if version != self.served_version():
                 self.load(version)
-            self._pinned = version
+            self._pinned, self._pin_reason = version, f"pin({step})"
             return version
 
     def unpin(self) -> ModelVersion:
@@ -240,6 +243,7 @@ class ModelManager:
         with self._lock:
             self._pinned = None
             self._pinned_step = None
+            self._pin_reason = None
             target = self.discover()
             if target != self.served_version():
                 self.load(target)
@@ -318,6 +322,9 @@ class ModelManager:
             v = group.version
             out.update({
                 "version": {"label": v.label, "full_step": v.full_step, "delta_step": v.delta_step,
+                            "deltas_applied": [v.delta_step] if v.delta_step >= 0 else [],
+                            "mode": "following" if self._pin_reason is None else "pinned",
+                            "why": self._pin_reason or "newest full checkpoint and its newest delta",
                             "full_checkpoint": self.store.url(v.full_prefix),
                             "delta_checkpoint": self.store.url(v.delta_prefix),
                             "run_dir": self.store.url(v.run_dir)},

@@ -224,10 +224,31 @@ def test_every_step_serves_exactly_its_parameters(ctr, trainer, feeds, make_proc
         p.manager.pin(step)
         np.testing.assert_allclose(served(p, feeds)["logits"], want[step], rtol=1e-5, atol=1e-6,
                                    err_msg=f"step {step} ({label(p)})")
+    version = p.model_info()["version"]
+    assert (version["mode"], version["why"], version["full_step"]) == ("pinned", f"pin({steps[-1]})", steps[-1])
     with pytest.raises(NotFound, match=r"full steps: .*delta steps: "):
         p.manager.pin(steps[-1] + 1)
     p.manager.unpin()
     assert label(p) == str(steps[-1])
+    assert p.model_info()["version"]["mode"] == "following"
+    version = first.model_info()["version"]
+    assert (version["mode"], version["why"], version["deltas_applied"]) == (
+        "pinned", "config restore_model_version", [])
+
+
+def test_rollback_after_a_delta_serves_the_previous_version_exactly(ctr, trainer, feeds, make_processor):
+    p = make_processor(model_config(ctr, file_system_poll_wait_seconds=POLL))
+    served_at = {}
+    for _ in range(2):
+        trainer.train(5)
+        trainer.save_delta()
+        served_at[trainer.step] = trainer.predict(feeds)["logits"]
+        assert wait_for(lambda: label(p) == f"{ctr.steps[-1]}+{trainer.step}")
+    previous = sorted(served_at)[0]
+    assert p.manager.rollback().label == f"{ctr.steps[-1]}+{previous}"
+    np.testing.assert_allclose(served(p, feeds)["logits"], served_at[previous], rtol=1e-5, atol=1e-6)
+    version = p.model_info()["version"]
+    assert (version["mode"], version["why"], version["deltas_applied"]) == ("pinned", "rollback", [previous])
 
 
 def test_restore_model_version_pins_at_start(ctr, feeds, make_processor):
