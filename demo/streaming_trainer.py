@@ -31,7 +31,7 @@ _STREAM = 3  # seed stream of streaming batches; differs from the build's train/
 class StreamingTrainer:
     """Continues training a built CTR model and publishes full and delta checkpoints."""
 
-    def __init__(self, model_dir: Path, seed: int = 0) -> None:
+    def __init__(self, model_dir: Path, seed: int = 0, delta_mode: str = "cumulative") -> None:
         card = read_model_card(Path(model_dir))
         if card is None:
             raise FileNotFoundError(f"{model_dir} holds no built demo model (model_card.json)")
@@ -52,7 +52,8 @@ class StreamingTrainer:
         with self.graph.as_default():  # Saver.restore needs graph mode
             restore.restore(self.session, str(self.paths.latest_checkpoint_prefix))
         self.step = self.paths.steps[-1]
-        self.writer = CheckpointWriter(self.session, self.paths.run_dir, self.network.model_variables)
+        self.writer = CheckpointWriter(self.session, self.paths.run_dir, self.network.model_variables,
+                                       delta_mode=delta_mode)
         # Deltas are relative to the full the trainer started from: its values are the baseline.
         self.writer.full_step = self.step
         self.writer.rebaseline()
@@ -89,8 +90,11 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=60.0, help="seconds to run (0: forever)")
     parser.add_argument("--steps-per-tick", type=int, default=5, help="training steps between checks")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--delta-mode", choices=("cumulative", "chain"), default="cumulative",
+                        help="deltas hold every change since the full, or since the previous delta "
+                             "(serve with the model_config key delta_mode)")
     args = parser.parse_args()
-    trainer = StreamingTrainer(args.model_dir, args.seed)
+    trainer = StreamingTrainer(args.model_dir, args.seed, args.delta_mode)
     started = last_full = last_delta = time.monotonic()
     while args.duration <= 0 or time.monotonic() - started < args.duration:
         trainer.train(args.steps_per_tick)

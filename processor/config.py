@@ -131,6 +131,9 @@ class ModelConfig(BaseModel):
     warmup_file_name: str = ""
     file_system_poll_wait_seconds: float = Field(2.0, ge=0)
     restore_model_version: int | None = Field(None, ge=0)
+    # Ours: "cumulative" deltas (DeepRec's: each holds every change since its full) or "chain"
+    # (each holds the changes since the previous delta; a version applies all of them in order).
+    delta_mode: Literal["cumulative", "chain"] = "cumulative"
 
     # --- feature store ----------------------------------------------------------------------
     feature_store_type: FeatureStoreType = "memory"

@@ -26,6 +26,11 @@ class VariableInfo:
     dtype: np.dtype
 
 
+# The step of the checkpoint a delta was computed against (its full, or in a chain the previous
+# delta), written by our CheckpointWriter; deltas from other writers have none.
+PARENT_TENSOR = "_delta_parent_step"
+
+
 @dataclass
 class Delta:
     """Changed rows per table (row ids, values) and whole dense values, keyed by variable name."""
@@ -33,6 +38,7 @@ class Delta:
     step: int
     rows: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     dense: dict[str, np.ndarray] = field(default_factory=dict)
+    parent_step: int | None = None  # PARENT_TENSOR, when the delta carries it
 
     @property
     def changed_rows(self) -> int:
@@ -87,6 +93,9 @@ def read_delta(prefix: str, step: int, variables: Mapping[str, VariableInfo]) ->
         used.update({name, values_name})
         used.update(table + m for m in _METADATA)
     for name, value in tensors.items():
+        if name == PARENT_TENSOR:
+            delta.parent_step = int(value)
+            continue
         if name in used or name == "global_step" and name not in variables:
             continue
         info = variables.get(name)

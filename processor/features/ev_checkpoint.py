@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..checkpoint.delta import CheckpointError, Delta, VariableInfo
+from ..checkpoint.delta import PARENT_TENSOR, CheckpointError, Delta, VariableInfo
 from .feature_store import RowChunk
 
 _PART = re.compile(r"^(?P<table>.+)/part_(?P<k>\d+)$")
@@ -223,6 +223,9 @@ def read_store_delta(prefix: str, step: int, tables: Mapping[str, int],
         delta.rows[table] = (keys, values)
     used = ckpt.table_names()
     for name in ckpt.shapes:
+        if name == PARENT_TENSOR:
+            delta.parent_step = int(ckpt.tensor(name))
+            continue
         if name in used or name == "global_step" and name not in dense:
             continue
         info = dense.get(name)

@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ..checkpoint.delta import CheckpointError
 from ..config import ModelConfig
 from ..engine.session_group import SessionGroup, open_session_group
 from ..features import open_feature_store
@@ -56,9 +57,12 @@ class _Failure:
 
 
 def needs_full_load(served: ModelVersion, target: ModelVersion) -> bool:
-    """True unless ``target`` is ``served`` plus a newer delta on the same full checkpoint."""
-    return (served.full_prefix != target.full_prefix or served.full_step != target.full_step
-            or target.delta_step < served.delta_step)
+    """True unless ``target`` is ``served`` plus newer deltas on the same full checkpoint (for
+    chained deltas: the links served must be the start of the target's chain)."""
+    if (served.full_prefix != target.full_prefix or served.full_step != target.full_step
+            or target.delta_step < served.delta_step):
+        return True
+    return len(target.delta_chain) > 1 and target.delta_chain[:len(served.delta_chain)] != served.delta_chain
 
 
 class ModelManager:
@@ -120,7 +124,7 @@ class ModelManager:
         if self._pinned is not None:
             return self._pinned
         return latest_version(self.store, self.config.savedmodel_dir, self.config.checkpoint_dir,
-                              pin_step=self._pinned_step)
+                              pin_step=self._pinned_step, delta_mode=self.config.delta_mode)
 
     def reconcile(self, target: ModelVersion) -> None:
         """Make ``target`` the served version (full load or delta); keep serving on failure."""
@@ -160,8 +164,7 @@ class ModelManager:
             raise as_processor_error(exc) from None
         group.version = version  # loaded from the local copy; serves (and reports) the store's version
         try:
-            if version.delta_prefix:
-                delta = group.backend.read_delta(local.delta_prefix, version.delta_step)
+            for delta in self._read_deltas(group.backend, local, None):  # every link checked first
                 group.backend.stage_delta(delta)
                 group.apply_delta(delta, version)
             if self._current is None:
@@ -181,13 +184,36 @@ class ModelManager:
         started = time.monotonic()
         handle = self._current
         local = self.store.materialize(version)
-        delta = handle.group.backend.read_delta(local.delta_prefix, version.delta_step)
-        handle.group.backend.stage_delta(delta)  # rows a shared store holds: written before the gate
-        hold = handle.group.apply_delta(delta, version)
+        deltas = self._read_deltas(handle.group.backend, local, handle.group.version)  # all checked first
+        hold = 0.0
+        for delta in deltas:
+            handle.group.backend.stage_delta(delta)  # rows a shared store holds: written before the gate
+            hold += handle.group.apply_delta(delta, version)
         self.stats["last_delta_hold_seconds"] = round(hold, 6)
         self._served(version, "delta_updates", "last_delta_seconds", time.monotonic() - started)
         log.info("%s: applied delta %s (%d rows, %d dense tensors)", self.name, version.label,
-                 delta.changed_rows, len(delta.dense))
+                 sum(d.changed_rows for d in deltas), sum(len(d.dense) for d in deltas))
+
+    def _read_deltas(self, backend, local: ModelVersion, served: ModelVersion | None) -> list:
+        """The deltas that bring ``served`` (None: the bare full) to ``local``, read and checked,
+        in order; CheckpointError if one was computed against another step than the one it
+        follows here (a link of a chain missing, or a delta written after another full)."""
+        chained = self.config.delta_mode == "chain"
+        links = local.delta_chain[-1:]
+        if chained and served is not None:
+            links = local.delta_chain[len(served.delta_chain):]
+        elif chained:
+            links = local.delta_chain
+        previous = served.delta_step if chained and served is not None and served.delta_step >= 0 else local.full_step
+        deltas = []
+        for step, prefix in links:
+            delta = backend.read_delta(prefix, step)
+            if delta.parent_step is not None and delta.parent_step != previous:
+                raise CheckpointError(f"delta {step} was computed against step {delta.parent_step} but follows "
+                                      f"step {previous} here (a missing link, or a delta of another full)")
+            deltas.append(delta)
+            previous = step if chained else previous
+        return deltas
 
     def _served(self, version: ModelVersion, counter: str, timing: str, seconds: float) -> None:
         self.stats[counter] += 1
@@ -232,7 +258,7 @@ class ModelManager:
         for a step that exists nowhere."""
         with self._lock:
             version = latest_version(self.store, self.config.savedmodel_dir, self.config.checkpoint_dir,
-                                     pin_step=step)
+                                     pin_step=step, delta_mode=self.config.delta_mode)
             if version != self.served_version():
                 self.load(version)
             self._pinned, self._pin_reason = version, f"pin({step})"

@@ -32,10 +32,12 @@ _SHARD = re.compile(r"\.data-(\d{5})-of-(\d{5})$")
 
 @dataclass(frozen=True, order=True)
 class ModelVersion:
-    """What to serve: a full checkpoint plus, optionally, the newest delta after it.
+    """What to serve: a full checkpoint plus, optionally, deltas after it.
 
     ``full_step == -1`` means parameters come from the SavedModel's own variables.
-    Ordered by (full_step, delta_step).
+    ``delta_step`` / ``delta_prefix`` name the last delta; ``delta_chain`` every delta to apply,
+    in order, as (step, prefix): the last one alone for cumulative deltas, every delta of the
+    full up to ``delta_step`` for chained ones. Ordered by (full_step, delta_step).
     """
 
     full_step: int
@@ -44,6 +46,7 @@ class ModelVersion:
     delta_prefix: str = ""
     savedmodel_dir: str = ""
     run_dir: str = ""
+    delta_chain: tuple[tuple[int, str], ...] = ()
 
     @property
     def label(self) -> str:
@@ -103,14 +106,15 @@ def _all_shards(prefix: str, shards: list[str]) -> bool:
 
 
 def latest_version(store: ModelStore, savedmodel_dir: str, checkpoint_dir: str | None,
-                   pin_step: int | None = None) -> ModelVersion:
+                   pin_step: int | None = None, delta_mode: str = "cumulative") -> ModelVersion:
     """The version to serve now: the newest full plus its own newest delta (see the module doc).
 
     ``pin_step`` names the parameters at that step: a full step serves exactly that full; a
     delta step serves the full it follows plus that delta. Raises Unavailable when nothing
     servable exists yet, NotFound for a pinned step that exists nowhere (the message lists the
-    full and delta steps there are). Paths may be URLs of the store; the version holds the
-    store's own paths.
+    full and delta steps there are). ``delta_mode`` ``chain``: the version applies every delta of
+    its full up to its delta step (see :class:`ModelVersion`). Paths may be URLs of the store;
+    the version holds the store's own paths.
     """
     savedmodel_dir = store.strip(savedmodel_dir)
     find_savedmodel(store, savedmodel_dir)
@@ -136,9 +140,15 @@ def latest_version(store: ModelStore, savedmodel_dir: str, checkpoint_dir: str |
     else:
         raise NotFound(f"step {pin_step} names no checkpoint in {run!r}; full steps: {sorted(fulls)}, "
                        f"delta steps: {sorted(deltas)}")
+    if delta_step < 0:
+        chain: tuple[tuple[int, str], ...] = ()
+    elif delta_mode == "chain":
+        chain = tuple((s, deltas[s]) for s in sorted(_own_deltas(full_step, fulls, deltas)) if s <= delta_step)
+    else:
+        chain = ((delta_step, deltas[delta_step]),)
     return ModelVersion(full_step, delta_step, full_prefix=fulls[full_step],
                         delta_prefix=deltas.get(delta_step, ""), savedmodel_dir=savedmodel_dir,
-                        run_dir=run)
+                        run_dir=run, delta_chain=chain)
 
 
 def _own_deltas(full_step: int, fulls: dict[int, str], deltas: dict[int, str]) -> list[int]:

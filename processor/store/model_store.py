@@ -113,6 +113,7 @@ class ModelStore:
                                savedmodel_dir=self._fetch_dir(version.savedmodel_dir),
                                full_prefix=self._fetch_prefix(version.full_prefix),
                                delta_prefix=self._fetch_prefix(version.delta_prefix),
+                               delta_chain=tuple((s, self._fetch_prefix(p)) for s, p in version.delta_chain),
                                run_dir=self._local(version.run_dir) if version.run_dir else "")
             except OSError as exc:
                 raise Unavailable(f"cannot fetch version {version.label} from the "

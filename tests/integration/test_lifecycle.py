@@ -21,11 +21,17 @@ def ctr(tmp_path):
     return build_ctr_model(tmp_path / "model", preset="small", versions=2)
 
 
+@pytest.fixture(params=["cumulative"])
+def delta_mode(request):
+    """The delta mode of the trainer and the processor (tests that run in both say so)."""
+    return request.param
+
+
 @pytest.fixture
-def trainer(ctr):
+def trainer(ctr, delta_mode):
     from demo.streaming_trainer import StreamingTrainer
 
-    t = StreamingTrainer(ctr.out_dir)
+    t = StreamingTrainer(ctr.out_dir, delta_mode=delta_mode)
     yield t
     t.close()
 
@@ -83,13 +89,15 @@ def test_a_delta_present_at_start_is_applied(ctr, trainer, feeds, make_processor
     np.testing.assert_allclose(served(p, feeds)["logits"], want, rtol=1e-5, atol=1e-6)
 
 
-def test_steady_load_during_updates_zero_failures_consistent_versions(ctr, trainer, feeds, make_processor):
+@pytest.mark.parametrize("delta_mode", ["cumulative", "chain"], indirect=True)
+def test_steady_load_during_updates_zero_failures_consistent_versions(ctr, trainer, feeds, make_processor,
+                                                                       delta_mode):
     """4 client threads while deltas and fulls land. SP_SOAK_SECONDS=60 runs the issue's soak
     (a delta every 2 s, a full every 20 s); the default is a 4 s version of it."""
     soak = float(os.environ.get("SP_SOAK_SECONDS", "0"))
     duration, delta_every, full_every = (soak, 2.0, 20.0) if soak else (4.0, 0.5, 2.0)
     p = make_processor(model_config(ctr, file_system_poll_wait_seconds=POLL, session_num=4,
-                                    use_per_session_threads=True))
+                                    use_per_session_threads=True, delta_mode=delta_mode))
     request = codec.encode_request(feeds)
     references = [trainer.predict(feeds)["logits"]]
     stop = threading.Event()
@@ -207,7 +215,8 @@ def test_rollback_and_pinning(ctr, trainer, feeds, make_processor):
     np.testing.assert_allclose(served(p, feeds)["logits"], newest, rtol=1e-6)
 
 
-def test_every_step_serves_exactly_its_parameters(ctr, trainer, feeds, make_processor):
+@pytest.mark.parametrize("delta_mode", ["cumulative", "chain"], indirect=True)
+def test_every_step_serves_exactly_its_parameters(ctr, trainer, feeds, make_processor, delta_mode):
     """Fulls and deltas interleaved: pinning (at start or later) any full or delta step serves
     the parameters the trainer had at that step; a delta never lands on another full."""
     want = {ctr.steps[-1]: plain_tf_predict(ctr.savedmodel_dir, ctr.latest_checkpoint_prefix, feeds)["logits"]}
@@ -216,9 +225,10 @@ def test_every_step_serves_exactly_its_parameters(ctr, trainer, feeds, make_proc
         (trainer.save_delta if save == "delta" else trainer.save_full)()
         want[trainer.step] = trainer.predict(feeds)["logits"]
     steps = sorted(want)
-    first = make_processor(model_config(ctr, restore_model_version=steps[0]))  # a full with later deltas
+    # a full with later deltas, then a delta step, pinned at start
+    first = make_processor(model_config(ctr, delta_mode=delta_mode, restore_model_version=steps[0]))
     np.testing.assert_allclose(served(first, feeds)["logits"], want[steps[0]], rtol=1e-5, atol=1e-6)
-    p = make_processor(model_config(ctr, restore_model_version=steps[2]))  # a delta step at start
+    p = make_processor(model_config(ctr, delta_mode=delta_mode, restore_model_version=steps[2]))
     np.testing.assert_allclose(served(p, feeds)["logits"], want[steps[2]], rtol=1e-5, atol=1e-6)
     for step in steps:
         p.manager.pin(step)
@@ -234,6 +244,33 @@ def test_every_step_serves_exactly_its_parameters(ctr, trainer, feeds, make_proc
     version = first.model_info()["version"]
     assert (version["mode"], version["why"], version["deltas_applied"]) == (
         "pinned", "config restore_model_version", [])
+
+
+@pytest.mark.parametrize("delta_mode", ["chain"], indirect=True)
+@pytest.mark.parametrize("broken", ["missing", "corrupt"])
+def test_a_chain_with_a_broken_link_is_refused_whole(ctr, trainer, feeds, make_processor, delta_mode, broken):
+    p = make_processor(model_config(ctr, delta_mode="chain", file_system_poll_wait_seconds=0))
+    update = lambda: p.manager.reconcile(p.manager.discover())  # noqa: E731 - no watcher: no race
+    trainer.train(5)
+    trainer.save_delta()
+    update()
+    good, good_label = served(p, feeds)["logits"], label(p)
+    assert good_label == f"{ctr.steps[-1]}+{trainer.step}"
+    trainer.train(5)
+    link = trainer.save_delta()
+    if broken == "missing":  # never published whole: the chain skips it
+        os.unlink(f"{link}.index")
+    else:
+        with open(f"{link}.data-00000-of-00001", "r+b") as f:
+            f.write(b"\xff" * 64)
+    trainer.train(5)
+    trainer.save_delta()
+    update()
+    assert label(p) == good_label
+    np.testing.assert_allclose(served(p, feeds)["logits"], good, rtol=1e-6)
+    failed = p.model_info()["failed_versions"]
+    assert [f["version"] for f in failed] == [f"{ctr.steps[-1]}+{trainer.step}"]
+    assert "missing link" in failed[0]["error"] if broken == "missing" else "cannot read delta" in failed[0]["error"]
 
 
 def test_rollback_after_a_delta_serves_the_previous_version_exactly(ctr, trainer, feeds, make_processor):

@@ -111,6 +111,24 @@ def test_a_delta_belongs_to_the_full_it_follows(layout):
     assert (v.full_step, v.delta_step) == (6, -1)  # deltas 4 and 5 belong to full 3
 
 
+def test_chained_deltas_list_every_link_of_their_full(layout):
+    root, sm = layout
+    run = root / "ck" / "1"
+    for s in (1, 6):
+        ckpt(run, "model.ckpt", s)
+    for s in (2, 3, 5, 7):
+        ckpt(run / ".incremental_checkpoint", "incremental_model.ckpt", s)
+    touch(run / "checkpoint")
+    store, ck = ModelStore(), str(root / "ck")
+    chain = lambda v: [s for s, _ in v.delta_chain]  # noqa: E731
+    assert chain(latest_version(store, str(sm), ck)) == [7]
+    assert chain(latest_version(store, str(sm), ck, delta_mode="chain")) == [7]
+    assert chain(latest_version(store, str(sm), ck, pin_step=5, delta_mode="chain")) == [2, 3, 5]
+    assert chain(latest_version(store, str(sm), ck, pin_step=3, delta_mode="chain")) == [2, 3]
+    assert chain(latest_version(store, str(sm), ck, pin_step=3)) == [3]  # cumulative: the last only
+    assert chain(latest_version(store, str(sm), ck, pin_step=1, delta_mode="chain")) == []
+
+
 def test_pinned_step(layout):
     root, sm = layout
     run = root / "ck" / "1"
