@@ -348,7 +348,7 @@ class ModelManager:
             v = group.version
             out.update({
                 "version": {"label": v.label, "full_step": v.full_step, "delta_step": v.delta_step,
-                            "deltas_applied": [v.delta_step] if v.delta_step >= 0 else [],
+                            "deltas_applied": [step for step, _ in v.delta_chain],
                             "mode": "following" if self._pin_reason is None else "pinned",
                             "why": self._pin_reason or "newest full checkpoint and its newest delta",
                             "full_checkpoint": self.store.url(v.full_prefix),

@@ -236,6 +236,9 @@ def test_every_step_serves_exactly_its_parameters(ctr, trainer, feeds, make_proc
                                    err_msg=f"step {step} ({label(p)})")
     version = p.model_info()["version"]
     assert (version["mode"], version["why"], version["full_step"]) == ("pinned", f"pin({steps[-1]})", steps[-1])
+    p.manager.pin(steps[2])  # the second delta of the first full
+    applied = steps[1:3] if delta_mode == "chain" else steps[2:3]
+    assert p.model_info()["version"]["deltas_applied"] == applied
     with pytest.raises(NotFound, match=r"full steps: .*delta steps: "):
         p.manager.pin(steps[-1] + 1)
     p.manager.unpin()
