@@ -76,8 +76,9 @@ def test_delta_then_full_are_served_within_the_poll_interval(ctr, trainer, feeds
     want = trainer.predict(feeds)["logits"]
     assert wait_for(lambda: label(p) == str(trainer.step))
     np.testing.assert_allclose(served(p, feeds)["logits"], want, rtol=1e-5, atol=1e-6)
-    info = p.model_info()
-    assert info["updates"]["delta_updates"] == 3 and info["updates"]["full_loads"] == 2
+    # the counters follow the swap that changes the label: wait for them too
+    counts = lambda: (p.model_info()["updates"]["delta_updates"], p.model_info()["updates"]["full_loads"])  # noqa: E731
+    assert wait_for(lambda: counts() == (3, 2)), counts()
 
 
 def test_a_delta_present_at_start_is_applied(ctr, trainer, feeds, make_processor):
