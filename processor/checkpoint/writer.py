@@ -88,6 +88,7 @@ class CheckpointWriter:
         self._versions: dict[str, np.ndarray] = {}
         self.full_step: int | None = None
         self._parent_step: int | None = None  # the checkpoint the next delta is computed against
+        self._pending_baseline: dict[str, np.ndarray] = {}  # chain mode: the next link's baseline
 
     def save_full(self, step: int) -> Path:
         """Publish ``model.ckpt-<step>`` with every variable; it becomes the delta baseline."""
@@ -130,7 +131,7 @@ class CheckpointWriter:
         table_values = self.session.run(self.tables)
         dense_values = self.session.run(self.dense)
         tensors: dict[str, np.ndarray] = {}
-        self._pending_baseline: dict[str, np.ndarray] = {}
+        self._pending_baseline = {}
         for table, current in zip(self.tables, table_values):
             name = variable_name(table)
             base = self._baseline[name]

@@ -199,12 +199,12 @@ class ModelManager:
         in order; CheckpointError if one was computed against another step than the one it
         follows here (a link of a chain missing, or a delta written after another full)."""
         chained = self.config.delta_mode == "chain"
-        links = local.delta_chain[-1:]
-        if chained and served is not None:
-            links = local.delta_chain[len(served.delta_chain):]
-        elif chained:
-            links = local.delta_chain
-        previous = served.delta_step if chained and served is not None and served.delta_step >= 0 else local.full_step
+        if not chained:  # the newest delta alone, computed against the full
+            links, previous = local.delta_chain[-1:], local.full_step
+        elif served is None or not served.delta_chain:
+            links, previous = local.delta_chain, local.full_step
+        else:  # the links after the ones served
+            links, previous = local.delta_chain[len(served.delta_chain):], served.delta_step
         deltas = []
         for step, prefix in links:
             delta = backend.read_delta(prefix, step)
@@ -212,7 +212,8 @@ class ModelManager:
                 raise CheckpointError(f"delta {step} was computed against step {delta.parent_step} but follows "
                                       f"step {previous} here (a missing link, or a delta of another full)")
             deltas.append(delta)
-            previous = step if chained else previous
+            if chained:
+                previous = step
         return deltas
 
     def _served(self, version: ModelVersion, counter: str, timing: str, seconds: float) -> None:
