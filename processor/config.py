@@ -1,7 +1,7 @@
 """ModelConfig: DeepRec's ``model_config`` JSON, typed and validated once.
 
-Every key of DeepRec's processor is accepted with its documented type and default (see
-``shared/reference/deeprec-processor.md`` §1). Departures from the original, on purpose:
+Every key of DeepRec's processor is accepted with its documented type and default (DeepRec's
+``serving/processor`` model_config documentation). Departures from the original, on purpose:
 
 * a wrong type or value is a :class:`~processor.errors.ConfigError` naming the key (the original
   aborts the process on some of them);

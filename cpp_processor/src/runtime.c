@@ -1,7 +1,7 @@
 /*
  * runtime.c -- the embedded interpreter and the Python thread states of the host's threads.
  *
- * Embedding rules (see /work/shared/reference/measured-facts.md section 6 for the reasons):
+ * Embedding rules (each measured when the library was written; the reasons are given per rule):
  *  - libpython is promoted to RTLD_GLOBAL before Python starts, so extension modules resolve
  *    their Py* symbols even when the host dlopen()ed us with RTLD_LOCAL;
  *  - the interpreter is started only if the process has none, with PyConfig.executable set
