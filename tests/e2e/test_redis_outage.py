@@ -24,15 +24,13 @@ def test_outage_gives_503_then_recovers_without_restart(ctr_model_small, make_pr
         feeds = synthetic_batch(16, 51)
         request = codec.encode_request(feeds)
         want = plain_tf_predict(ctr_model_small.savedmodel_dir, ctr_model_small.latest_checkpoint_prefix, feeds)
-        results: list[tuple[float, int, bytes]] = []
+        results: list[tuple[int, bytes]] = []
         stop = threading.Event()
 
         def traffic():
             deadline = time.monotonic() + 60  # bounded, whatever happens
             while not stop.is_set() and time.monotonic() < deadline:
-                started = time.monotonic()
-                status, body = p.process(request)
-                results.append((time.monotonic() - started, status, body))
+                results.append(p.process(request))
                 time.sleep(0.005)
 
         sender = threading.Thread(target=traffic)
@@ -45,24 +43,28 @@ def test_outage_gives_503_then_recovers_without_restart(ctr_model_small, make_pr
         recovered = False
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            if results and results[-1][1] == 200 and len(results) > during:
+            if results and results[-1][0] == 200 and len(results) > during:
                 recovered = True
                 break
             time.sleep(0.05)
         time.sleep(0.3)
         stop.set()
         sender.join()
-        assert recovered, results[-1][2][:300]
-        statuses = [s for _, s, _ in results]
+        assert recovered, results[-1][1][:300]
+        statuses = [s for s, _ in results]
         assert set(statuses) == {200, 503}, set(statuses)
-        failures = [(t, b) for t, s, b in results if s == 503]
-        assert failures and all(b"feature store" in b for _, b in failures)
-        # Fast: no request waits out a timeout while Redis is down.
-        assert sorted(t for t, _ in failures)[len(failures) // 2] < 0.05
-        # After the outage every answer is right again (Redis was refilled from the checkpoint).
-        last = codec.decode_response(results[-1][2])
-        np.testing.assert_allclose(last["logits"], want["logits"], rtol=1e-6, atol=1e-7)
+        failures = [b for s, b in results if s == 503]
+        assert failures and all(b"feature store" in b for b in failures)
+        # Fast: once a request found Redis down, the others fail at once on the store's state
+        # (no network, so no request waits out a timeout); only the request(s) that found an
+        # outage went to the network.
         info = p.model_info()["feature_store"]
+        fast = [b for b in failures if b"requests fail until it is back" in b]
+        assert len(failures) - len(fast) <= info["outages"], failures[:3]
+        assert info["failed_fast"] >= len(fast) > 0
+        # After the outage every answer is right again (Redis was refilled from the checkpoint).
+        last = codec.decode_response(results[-1][1])
+        np.testing.assert_allclose(last["logits"], want["logits"], rtol=1e-6, atol=1e-7)
         assert info["state"] == "up" and info["refills"] == 1 and info["outages"] >= 1
         assert p.model_info()["state"] == "ready"
     finally:
