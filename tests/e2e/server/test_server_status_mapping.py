@@ -20,7 +20,6 @@ import pytest
 from fakes import FailingManager
 from processor import abi, codec
 from processor.config import ModelConfig
-from processor.dataplane import DataPlane
 from processor.deployment import DeploymentConfig
 from processor.errors import STATUS_TABLE, ProcessorError, StatusCode
 from processor.processor import Processor
@@ -95,9 +94,7 @@ def grpc_tfs(channel, name: str) -> grpc.RpcError:
 
 def c_abi(code: StatusCode) -> tuple[int, bytes]:
     name = model_name(code)
-    handle = Processor(name, ModelConfig(savedmodel_dir="/nonexistent"), {})
-    handle.manager = FailingManager(name, code)
-    handle.dataplane = DataPlane({name: handle.manager})
+    handle = Processor(name, ModelConfig(savedmodel_dir="/nonexistent"), {}, manager=FailingManager(name, code))
     return abi.process(handle, REQUEST)
 
 
