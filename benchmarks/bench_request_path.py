@@ -307,10 +307,10 @@ def main() -> None:
                         help="also time the forms TensorFlow can take string inputs in")
     parser.add_argument("--tag", default="", help="suffix of the result files, e.g. h100")
     parser.add_argument("--gpu-native", action="store_true",
-                        help="GPU lanes on the native ONNX Runtime engine too (processor.engine.ort_native.GPU_LANES)")
+                        help="GPU lanes on the native ONNX Runtime engine too (processor.engine.onnx.native_engine.GPU_LANES)")
     args = parser.parse_args()
     if args.gpu_native:
-        from processor.engine import ort_native
+        from processor.engine.onnx import native_engine as ort_native
 
         ort_native.GPU_LANES = True
 

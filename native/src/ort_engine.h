@@ -7,8 +7,8 @@
 // the PredictResponse (response.h), all without touching Python, so the caller releases the GIL
 // for the whole request. Thread-safe: any number of threads may serve on any lanes at once.
 //
-// GPU sessions get the CUDA execution provider with the options given (ort_native.py decides
-// whether GPU lanes use the engine).
+// GPU sessions get the CUDA execution provider with the options given
+// (processor/engine/onnx/native_engine.py decides whether GPU lanes use the engine).
 #pragma once
 
 #include <memory>

@@ -2,7 +2,7 @@
 
 A SavedModel graph imported once runs where its ops are placed: with lanes on several (virtual)
 GPUs, only the first lane's device would ever run the dense part. So when a
-:class:`~processor.engine.gpu.DevicePlan` puts lanes on distinct devices, each distinct device
+:class:`~processor.engine.device_plan.DevicePlan` puts lanes on distinct devices, each distinct device
 gets its own copy of the serving subgraph:
 
 * copy 0 is the imported SavedModel graph itself (root scope), its serving ops pinned to the
@@ -23,7 +23,7 @@ sent to the lane's device.
 
 Lanes on one device (``cpu_plan``, or lanes of a GPU without ``use_multi_stream``) share one
 copy: there is nothing to replicate. Without a GPU the mechanism runs on virtual CPU devices
-(:func:`processor.engine.gpu.virtual_cpu_plan`, ``ConfigProto.device_count``), which is how it
+(:func:`processor.engine.device_plan.virtual_cpu_plan`, ``ConfigProto.device_count``), which is how it
 is tested. :func:`lane_map` is pure.
 """
 

@@ -167,15 +167,15 @@ def open_session_group(config: ModelConfig, version: ModelVersion, features=None
     ``.onnx`` model and TensorFlow otherwise. Raises ProcessorError (ConfigError for settings this
     machine cannot honour, e.g. a GPU it does not have; Internal for a model that does not load).
     """
-    from . import gpu
-    from .onnx_convert import find_onnx_file
+    from . import device_plan as gpu
+    from .onnx.convert import find_onnx_file
 
     engine = config.backend
     if engine == "auto":
         engine = "onnxruntime" if find_onnx_file(version.savedmodel_dir) else "tensorflow"
     started = time.monotonic()
     if engine == "onnxruntime":
-        from .onnxruntime_backend import OnnxRuntimeBackend
+        from .onnx.backend import OnnxRuntimeBackend
 
         if features is not None:
             raise ConfigError("feature_store_type / ev_storage_type: embeddings served from a feature "

@@ -4,7 +4,7 @@
 has no such op (the ``StringToHashBucketFast`` of onnxruntime-extensions computes a different
 hash, so a converted model would look up other rows), so the ONNX Runtime backend hashes string
 inputs here, before the engine, and the converted graph takes the 64-bit fingerprints as
-``uint64`` and only does the ``mod n`` (see :mod:`processor.engine.onnx_convert`).
+``uint64`` and only does the ``mod n`` (see :mod:`processor.engine.onnx.convert`).
 
 Strings are grouped by byte length and each group is hashed with whole-array uint64 arithmetic,
 so the cost is a few dozen numpy operations per distinct length. ``str`` elements are encoded as

@@ -29,12 +29,11 @@ from ..config import ModelConfig, shorten
 from ..errors import Internal, InvalidArgument, NotFound, ProcessorError
 from ..checkpoint.delta import Delta, VariableInfo, read_delta
 from ..features.ev_checkpoint import StoreDelta, TableSource, read_store_delta
-from ..signature import Signature, TensorSpec
 from ..store.checkpoint_layout import ModelVersion
-from . import embedding_lookup, gpu, lane_graphs, pinning
+from . import device_plan, embedding_lookup, lane_graphs, pinning
+from .tf_signature import SERVE_TAGS, signature_from_def
 from .tf_variables import VariableUpdater
 
-SERVE_TAGS = ["serve"]
 _TRACE_LOCK = threading.Lock()  # FULL_TRACE runs: one profiling session per process
 UPDATE_POOL_NAME = "processor_model_update"
 
@@ -45,17 +44,6 @@ def _tf():
     return tf
 
 
-def _signature_from_def(name: str, sig_def) -> Signature:
-    def specs(infos) -> dict[str, TensorSpec]:
-        out = {}
-        for alias, info in sorted(infos.items()):  # map order varies by process
-            shape = None if info.tensor_shape.unknown_rank else tuple(d.size for d in info.tensor_shape.dim)
-            out[alias] = TensorSpec(alias, info.name, int(info.dtype), shape)
-        return out
-
-    return Signature(name, specs(sig_def.inputs), specs(sig_def.outputs), sig_def.method_name)
-
-
 class TensorFlowBackend:
     """A SavedModel graph in one Session with ``lanes`` inter-op pools. See the module doc."""
 
@@ -64,7 +52,7 @@ class TensorFlowBackend:
     fingerprinted_inputs: frozenset[str] = frozenset()  # the graph hashes its strings itself
 
     def __init__(self, config: ModelConfig, version: ModelVersion, lanes: int,
-                 devices: gpu.DevicePlan | None = None, features=None) -> None:
+                 devices: device_plan.DevicePlan | None = None, features=None) -> None:
         tf = _tf()
         from tensorflow.python.saved_model import loader_impl
 
@@ -81,9 +69,9 @@ class TensorFlowBackend:
             inter_op_parallelism_threads=config.inter_op_parallelism_threads,
             allow_soft_placement=True,
         )
-        self._devices = devices or gpu.cpu_plan(lanes)
-        gpu.configure_tf_gpus(session_config, self._devices, config.session_num)
-        gpu.configure_tf_cpus(session_config, self._devices)
+        self._devices = devices or device_plan.cpu_plan(lanes)
+        device_plan.configure_tf_gpus(session_config, self._devices, config.session_num)
+        device_plan.configure_tf_cpus(session_config, self._devices)
         per_lane_pools = config.use_per_session_threads
         if per_lane_pools:
             for _ in range(lanes):
@@ -114,7 +102,7 @@ class TensorFlowBackend:
             available = sorted(k for k in meta_graph.signature_def if not k.startswith("__"))
             raise NotFound(f"signature_name {shorten(config.signature_name)} not in the SavedModel; "
                            f"available: {shorten(available, 400)}")
-        self.signature = _signature_from_def(config.signature_name, sig_def)
+        self.signature = signature_from_def(config.signature_name, sig_def)
         outputs = [s.name for s in self.signature.outputs.values()]
         # Lanes on distinct devices get their own copy of the serving graph (lane_graphs).
         self._lanes = lane_graphs.lane_map(self._devices)

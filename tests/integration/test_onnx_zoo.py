@@ -166,7 +166,7 @@ def _string_graph(nodes, inputs, initializers=()):
 def test_string_rewrite_keeps_lookup_inputs_and_hashes_the_others():
     from onnx import TensorProto, helper, numpy_helper
 
-    from processor.engine.onnx_hash_rewrite import rewrite_string_hashing
+    from processor.engine.onnx.hash_rewrite import rewrite_string_hashing
 
     buckets = numpy_helper.from_array(np.array(7, np.int64), "n")
     model = _string_graph([
@@ -182,7 +182,7 @@ def test_string_rewrite_keeps_lookup_inputs_and_hashes_the_others():
 def test_string_rewrite_refuses_mixed_and_computed_strings():
     from onnx import helper, numpy_helper
 
-    from processor.engine.onnx_hash_rewrite import rewrite_string_hashing
+    from processor.engine.onnx.hash_rewrite import rewrite_string_hashing
 
     buckets = numpy_helper.from_array(np.array(7, np.int64), "n")
     mixed = _string_graph([

@@ -131,7 +131,7 @@ def test_pinning_is_reported_exactly(toy_model, make_processor):
 
 
 def test_affinity_string_format():
-    from processor.engine.onnxruntime_backend import intra_op_affinities
+    from processor.engine.onnx.backend import intra_op_affinities
 
     assert intra_op_affinities((0,), 2) == "1"
     assert intra_op_affinities((0, 1), 3) == "1,2;1,2"
@@ -218,7 +218,7 @@ def test_delta_is_applied_in_place(toy_model):
 
 
 def test_mismatch_against_tensorflow_fails_the_load(toy_model, monkeypatch, tmp_path):
-    from processor.engine import onnx_check
+    from processor.engine.onnx import check as onnx_check
 
     monkeypatch.setenv("SP_ONNX_CACHE_DIR", str(tmp_path / "fresh"))
     monkeypatch.setattr(onnx_check, "ATOL", -1.0)  # nothing can pass

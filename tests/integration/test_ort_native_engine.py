@@ -128,7 +128,7 @@ def test_model_info_says_why_the_engine_does_not_serve(toy_model, make_processor
 
     p = make_processor(model_config(toy_model, backend="tensorflow"))
     assert "native_engine" not in p.model_info()["session_group"]  # a TensorFlow group: not its engine
-    from processor.engine import ort_native
+    from processor.engine.onnx import native_engine as ort_native
 
     engine, report = ort_native.open_engine("x.onnx", None, {}, [], [], None, why_not="GPU lanes serve elsewhere")
     assert engine is None and report == {"serving": False, "reason": "GPU lanes serve elsewhere"}

@@ -235,7 +235,7 @@ def test_session_group_runs_untraced_when_the_engine_cannot_trace():
     assert group.run_traced({}, ("y",))[2] is None
 
 
-# --- ONNX Runtime profiles (processor.engine.ort_profile) -------------------------------------
+# --- ONNX Runtime profiles (processor.engine.onnx.profile) -------------------------------------
 
 def _ort_records() -> list[dict]:
     """An ORT 1.31 profile of two runs (a warm-up, then the profiled run), trimmed."""
@@ -257,7 +257,7 @@ def _ort_records() -> list[dict]:
 
 
 def test_ort_profile_events_keep_the_last_run_on_the_wall_clock():
-    from processor.engine import ort_profile
+    from processor.engine.onnx import profile as ort_profile
 
     origin = ort_profile.origin_us(_ort_records(), 1_700_000_000_000_000_000, 0)
     events = ort_profile.events(_ort_records(), origin)
@@ -280,7 +280,7 @@ def test_ort_profile_events_keep_the_last_run_on_the_wall_clock():
 def test_ort_profile_collect_deletes_the_file_and_never_raises(tmp_path):
     import json
 
-    from processor.engine import ort_profile
+    from processor.engine.onnx import profile as ort_profile
 
     class Session:
         def __init__(self, result):

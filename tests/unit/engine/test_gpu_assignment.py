@@ -2,7 +2,7 @@
 
 import pytest
 
-from processor.engine import gpu
+from processor.engine import device_plan as gpu
 from processor.errors import ConfigError
 
 

@@ -10,7 +10,8 @@ import pytest
 
 from conftest import LoadedModel, model_config, plain_tf_predict
 from processor import codec
-from processor.engine import gpu, lane_graphs
+from processor.engine import device_plan as gpu
+from processor.engine import lane_graphs
 from sp_checks import concurrent_mismatches
 
 X1 = {"x": np.array([[1.0]], np.float32)}

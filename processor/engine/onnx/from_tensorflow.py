@@ -14,7 +14,7 @@ reference outputs. The graph that is converted depends on how the model was save
   variables by name.
 
 Either way the ONNX graph is checked against TensorFlow
-(:mod:`processor.engine.onnx_check`) before anything is written. What cannot convert (ops tf2onnx
+(:mod:`processor.engine.onnx.check`) before anything is written. What cannot convert (ops tf2onnx
 cannot map, strings ONNX Runtime cannot process) is refused with a ConfigError naming the reason
 and ``backend: tensorflow``. Rewrites applied to converted graphs:
 
@@ -22,7 +22,7 @@ and ``backend: tensorflow``. Rewrites applied to converted graphs:
 * integer ``FloorMod`` -> ONNX ``Mod(fmod=0)`` (tf2onnx's handler truncates, which is wrong for
   negative ids: a negative row index then wraps to another row);
 * ``StringToHashBucketFast`` on string inputs -> ``Mod`` on uint64 fingerprints
-  (:mod:`processor.engine.onnx_hash_rewrite`); ``as_string`` of integers + hash bucket -> the
+  (:mod:`processor.engine.onnx.hash_rewrite`); ``as_string`` of integers + hash bucket -> the
   fingerprint of the decimal text computed in the graph (same module).
 
 Parameters that are unchanged copies of TF variables are recorded as such, so delta updates can
@@ -37,13 +37,14 @@ from typing import Any
 
 import numpy as np
 
-from ..config import shorten
-from ..errors import ConfigError, Internal, NotFound, ProcessorError
-from ..store.checkpoint_layout import ModelVersion
-from .onnx_check import check_against_tensorflow
-from .onnx_hash_rewrite import CONTRIB_DOMAIN, rewrite_string_hashing
-from .onnx_signature import signature_to_manifest
-from .onnx_weights import externalize_parameters
+from ...config import shorten
+from ...errors import ConfigError, Internal, NotFound, ProcessorError
+from ...store.checkpoint_layout import ModelVersion
+from ..tf_signature import SERVE_TAGS, signature_from_def
+from .check import check_against_tensorflow
+from .hash_rewrite import CONTRIB_DOMAIN, rewrite_string_hashing
+from .signature import signature_to_manifest
+from .weights import externalize_parameters
 
 OPSET = 17
 
@@ -51,8 +52,6 @@ OPSET = 17
 def _load_tf(savedmodel_dir: str, version: ModelVersion, signature_name: str):
     import tensorflow as tf
     from tensorflow.python.saved_model import loader_impl
-
-    from .tensorflow_backend import SERVE_TAGS, _signature_from_def
 
     try:
         loader = loader_impl.SavedModelLoader(savedmodel_dir)
@@ -84,7 +83,7 @@ def _load_tf(savedmodel_dir: str, version: ModelVersion, signature_name: str):
                        f"{type(exc).__name__}: {exc}") from None
     # tf.saved_model.save writes an object graph: such models convert through tf2onnx's TF2 path
     tf2 = len(meta_graph.object_graph_def.nodes) > 0
-    return graph, session, _signature_from_def(signature_name, sig_def), tf2
+    return graph, session, signature_from_def(signature_name, sig_def), tf2
 
 
 def _tf2onnx_handlers() -> dict[str, Any]:
@@ -140,8 +139,6 @@ def _convert_tf2(savedmodel_dir: str, prefix: str | None, signature_name: str, s
     import onnx
     import tensorflow as tf
     from tf2onnx import convert, optimizer, tf_loader
-
-    from .tensorflow_backend import SERVE_TAGS
 
     imported = tf.saved_model.load(savedmodel_dir, tags=list(SERVE_TAGS))
     if prefix:

@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import native
-from ..signature import Signature
-from . import pinning
+from ... import native
+from ...signature import Signature
+from .. import pinning
 
 # Whether GPU lanes use the engine too (their sessions get the CUDA execution provider). Off
 # until shown on a GPU machine: the binding's own copy of ONNX Runtime loads the CUDA provider

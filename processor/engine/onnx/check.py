@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, Internal
-from ..signature import Signature
+from ...errors import ConfigError, Internal
+from ...signature import Signature
 
 ATOL = 1e-5
 RTOL = 1e-5
@@ -23,7 +23,7 @@ CHECK_BATCH = 8
 
 def synthetic_feeds(signature: Signature, batch: int, seed: int, small_ints: bool = False) -> dict[str, np.ndarray]:
     """Random inputs that fit ``signature`` (free dimensions = ``batch``)."""
-    from ..dtypes import WIRE_TYPES
+    from ...dtypes import WIRE_TYPES
 
     rng = np.random.default_rng(seed)
     feeds = {}
@@ -49,7 +49,7 @@ def synthetic_feeds(signature: Signature, batch: int, seed: int, small_ints: boo
 
 def ort_feeds(signature: Signature, feeds: dict[str, np.ndarray], hashed: tuple[str, ...] | list[str]) -> dict:
     """Feeds keyed by ONNX input name, with string inputs fingerprinted or made ``str``."""
-    from .string_hash import fingerprint64
+    from ..string_hash import fingerprint64
 
     out = {}
     for alias, value in feeds.items():
@@ -65,9 +65,9 @@ def ort_feeds(signature: Signature, feeds: dict[str, np.ndarray], hashed: tuple[
 
 def check_against_tensorflow(model, session, signature: Signature, hashed: list[str]) -> dict[str, Any]:
     """Run TF and ORT on synthetic inputs; raise Internal if an output differs beyond tolerance."""
-    import onnxruntime as ort
+    from .ort_env import global_pools_in_force, ort as _ort
 
-    from .onnxruntime_backend import global_pools_in_force
+    ort = _ort()
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1

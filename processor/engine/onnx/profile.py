@@ -29,7 +29,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from ..tracing.events import TraceEvent
+from ...tracing.events import TraceEvent
 
 log = logging.getLogger(__name__)
 

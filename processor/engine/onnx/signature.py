@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import ConfigError
-from ..signature import Signature, TensorSpec
+from ...errors import ConfigError
+from ...signature import Signature, TensorSpec
 
 # ONNX TensorProto element type -> TF DataType number (the signature's dtype numbering).
 _ONNX_TO_TF = {1: 1, 2: 4, 3: 6, 4: 17, 5: 5, 6: 3, 7: 9, 8: 7, 9: 10, 10: 19, 11: 2, 12: 22, 13: 23, 16: 14}

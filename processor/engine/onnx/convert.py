@@ -1,7 +1,7 @@
 """Prepare a model for ONNX Runtime: convert (or import) once, check, cache.
 
 Two sources, one result. A TensorFlow SavedModel is converted with tf2onnx and checked against
-TensorFlow (:mod:`processor.engine.tf_to_onnx`: TF2 SavedModels through tf2onnx's TF2 path, so
+TensorFlow (:mod:`processor.engine.onnx.from_tensorflow`: TF2 SavedModels through tf2onnx's TF2 path, so
 resource variables and ``tf.lookup.StaticHashTable`` convert as ``tf2onnx.convert --saved-model``
 converts them); a ``.onnx`` file in ``savedmodel_dir`` is taken as it is. Either way the result is a cache entry (a directory)::
 
@@ -14,15 +14,15 @@ mtime of its files; or the ``.onnx`` file's bytes), the tf2onnx / onnx versions,
 :data:`CONVERTER_REVISION`. Entries are written aside and renamed into place, so a reader never
 sees half of one and two processes converting the same model both end with a valid entry.
 The cache root is ``$SP_ONNX_CACHE_DIR``, default ``~/.cache/serving-processor/onnx``.
-Parameters are written and read back by :mod:`processor.engine.onnx_weights`, signatures by
-:mod:`processor.engine.onnx_signature`.
+Parameters are written and read back by :mod:`processor.engine.onnx.weights`, signatures by
+:mod:`processor.engine.onnx.signature`.
 
 Converted graphs are checked against TensorFlow on synthetic inputs before they are cached
-(:mod:`processor.engine.onnx_check`): a mismatch beyond ``|ort - tf| <= ATOL + RTOL * |tf|``
+(:mod:`processor.engine.onnx.check`): a mismatch beyond ``|ort - tf| <= ATOL + RTOL * |tf|``
 fails the load with a message naming the output and the error. String inputs that only feed
 ``tf.strings.to_hash_bucket_fast`` become ``uint64`` inputs carrying TensorFlow's 64-bit string
 fingerprint, computed by the backend (:mod:`processor.engine.string_hash`; the graph rewrite is
-in :mod:`processor.engine.onnx_hash_rewrite`).
+in :mod:`processor.engine.onnx.hash_rewrite`).
 
 Thread-safe: functions only; the cache is safe for concurrent processes.
 """
@@ -40,12 +40,12 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import Internal
-from ..signature import Signature
-from ..store.checkpoint_layout import ModelVersion
-from .onnx_signature import signature_from_manifest, signature_of_onnx, signature_to_manifest
-from .onnx_weights import externalize_parameters, read_parameters
-from .tf_to_onnx import OPSET, convert_savedmodel
+from ...errors import Internal
+from ...signature import Signature
+from ...store.checkpoint_layout import ModelVersion
+from .signature import signature_from_manifest, signature_of_onnx, signature_to_manifest
+from .weights import externalize_parameters, read_parameters
+from .from_tensorflow import OPSET, convert_savedmodel
 
 CONVERTER_REVISION = 3
 

@@ -1,6 +1,6 @@
 """ONNX Runtime backend: N ``InferenceSession``s over ONE copy of the parameters.
 
-The model is prepared by :mod:`processor.engine.onnx_convert` (a SavedModel converted with
+The model is prepared by :mod:`processor.engine.onnx.convert` (a SavedModel converted with
 tf2onnx and checked against TensorFlow, or a ``.onnx`` file; cached). Its parameters live in
 numpy arrays this backend owns; every session gets them through
 ``SessionOptions.add_initializer(name, OrtValue.ortvalue_from_numpy(array))``, which does not
@@ -21,9 +21,9 @@ sessions use them too, whatever their config; model info says so. ``cpusets`` pi
 the calling thread, helped by the intra-op pool.
 
 GPU: one CUDA execution provider per session on the lane's GPU (its own compute stream); see
-:mod:`processor.engine.gpu` for how lanes map to sessions.
+:mod:`processor.engine.device_plan` for how lanes map to sessions.
 
-Native engine (:mod:`.ort_native`): on CPU lanes, a second set of sessions over the same parameter
+Native engine (:mod:`.native_engine`): on CPU lanes, a second set of sessions over the same parameter
 arrays, created through ONNX Runtime's C API, serves whole wire requests without the GIL
 (:meth:`wire_server`); the binding sessions above serve everything else (feeds from JSON
 front-ends, requests the engine does not take, warm-up, traces).
@@ -41,7 +41,7 @@ built like the lane's serving session (same providers, thread settings, shared i
 weight copy on the CPU; a GPU lane's session copies the weights to the GPU for its short life).
 It runs the request twice, a warm-up and the profiled run, so the trace shows a warm run like
 the serving sessions' (first-run allocations left out). The profile file (in a private temporary
-directory) is read into events (:mod:`.ort_profile`) and deleted. The tracing's own cost shows
+directory) is read into events (:mod:`.profile`) and deleted. The tracing's own cost shows
 as two stages of the request: ``trace_setup`` (session creation and warm-up; a few ms for the
 demo model) and ``trace_collect`` (ending the profile, reading it, closing the session).
 Traced calls take turns per backend. ``run`` is untouched by any of it.
@@ -63,48 +63,21 @@ from typing import Any
 
 import numpy as np
 
-from ..checkpoint.delta import CheckpointError, Delta, VariableInfo, read_delta
-from ..config import ModelConfig
-from ..errors import ConfigError, Internal, InvalidArgument
-from ..store.checkpoint_layout import ModelVersion
-from . import gpu, ort_native, ort_profile, pinning
-from .onnx_convert import prepare
-from .string_hash import fingerprint
+from ...checkpoint.delta import CheckpointError, Delta, VariableInfo, read_delta
+from ...config import ModelConfig
+from ...errors import ConfigError, Internal, InvalidArgument, ProcessorError
+from ...store.checkpoint_layout import ModelVersion
+from .. import device_plan, pinning
+from ..string_hash import fingerprint
+from . import native_engine, profile
+from .convert import prepare
+from .ort_env import ensure_global_thread_pools, global_pools_in_force, ort as _ort
 
 log = logging.getLogger(__name__)
 
 # Distinct output selections remembered per backend (clients use a handful; bounded so that a
 # client cycling through output_filter permutations cannot grow it).
 _FETCH_CACHE_SIZE = 64
-_global_pool_lock = threading.Lock()
-_global_pool_sizes: tuple[int, int] | None = None
-
-
-def _ort():
-    import onnxruntime as ort
-
-    return ort
-
-
-def ensure_global_thread_pools(intra: int, inter: int) -> tuple[int, int]:
-    """Size ORT's process-wide pools once (before any session uses them); return the sizes in force.
-
-    ORT refuses ``use_per_session_threads=False`` unless this ran first; the sizes can be set only
-    once per process, so a later model asking for other sizes shares the first model's pools.
-    """
-    global _global_pool_sizes
-    with _global_pool_lock:
-        if _global_pool_sizes is None:
-            _ort().set_global_thread_pool_sizes(intra, inter)
-            _global_pool_sizes = (intra, inter)
-        return _global_pool_sizes
-
-
-def global_pools_in_force() -> tuple[int, int] | None:
-    """The sizes of ORT's global pools if some model created them, else None."""
-    return _global_pool_sizes
-
-
 def intra_op_affinities(cpus: tuple[int, ...] | list[int], threads: int) -> str:
     """``session.intra_op_thread_affinities`` pinning every pool worker to ``cpus``.
 
@@ -120,7 +93,7 @@ class OnnxRuntimeBackend:
 
     engine_name = "onnxruntime"
 
-    def __init__(self, config: ModelConfig, version: ModelVersion, plan: gpu.DevicePlan) -> None:
+    def __init__(self, config: ModelConfig, version: ModelVersion, plan: device_plan.DevicePlan) -> None:
         ort = _ort()
         self._config = config
         self._plan = plan
@@ -168,15 +141,15 @@ class OnnxRuntimeBackend:
         # are checked against the signature already, so requests call the binding's run itself.
         self._lane_run = [session._sess.run for session in self._lane_session]
         why_not = ("GPU lanes serve through the ONNX Runtime Python binding"
-                   if plan.on_gpu and not ort_native.GPU_LANES else
+                   if plan.on_gpu and not native_engine.GPU_LANES else
                    f"string inputs {sorted(self._strings)} are not hashed" if self._strings else "")
-        self._engine, self._engine_report = ort_native.open_engine(
+        self._engine, self._engine_report = native_engine.open_engine(
             self._prepared.model_path, self.signature, self._params,
-            [(*self._session_threads(cpus), gpu.cuda_options(device))
+            [(*self._session_threads(cpus), device_plan.cuda_options(device))
              for device, cpus in map(self._session_target, range(plan.sessions))],
             [d.session for d in plan.lanes], self._global_pools, why_not)
 
-    def _session_target(self, index: int) -> tuple[gpu.LaneDevice, tuple[int, ...] | None]:
+    def _session_target(self, index: int) -> tuple[device_plan.LaneDevice, tuple[int, ...] | None]:
         """(device, cpus) of session ``index``: those of its first lane."""
         first_lane = self._session_lanes[index][0]
         return self._plan.lanes[first_lane], (self._cpusets[first_lane] if self._cpusets else None)
@@ -206,13 +179,13 @@ class OnnxRuntimeBackend:
             options.add_initializer(name, value)
         return options
 
-    def _open_session(self, index: int, device: gpu.LaneDevice, cpus: tuple[int, ...] | None):
+    def _open_session(self, index: int, device: device_plan.LaneDevice, cpus: tuple[int, ...] | None):
         ort = _ort()
         options = self._session_options(cpus)
         with pinning.creation_lock, pinning.new_threads() as created:
             try:
                 session = ort.InferenceSession(self._prepared.model_path, options,
-                                               providers=gpu.ort_providers(device))
+                                               providers=device_plan.ort_providers(device))
             except Exception as exc:
                 raise Internal(f"ONNX Runtime could not load {self._prepared.model_path!r}: "
                                f"{type(exc).__name__}: {exc}") from None
@@ -284,7 +257,7 @@ class OnnxRuntimeBackend:
             raise _engine_error(exc) from None
 
     def wire_server(self, codec):
-        """The native engine's whole-request path for ``codec``'s plan (see :mod:`.ort_native`)."""
+        """The native engine's whole-request path for ``codec``'s plan (see :mod:`.native_engine`)."""
         plan, engine = codec.native_plan, self._engine
         if engine is None or plan is None:
             return None
@@ -292,7 +265,7 @@ class OnnxRuntimeBackend:
 
     @property
     def native_engine(self):
-        """The native engine (see :mod:`.ort_native`), or None where it does not serve."""
+        """The native engine (see :mod:`.native_engine`), or None where it does not serve."""
         return self._engine
 
     def bare_call(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]):
@@ -306,7 +279,7 @@ class OnnxRuntimeBackend:
         See the module doc. Raises NotImplementedError (the request then runs untraced) when
         no profiling session can be opened; the run's own errors are ``run``'s.
         """
-        from ..tracing.events import EngineTrace
+        from ...tracing.events import EngineTrace
 
         names = [self._output_names[a] for a in fetches]
         ort_feeds = self._feeds(feeds)
@@ -323,13 +296,13 @@ class OnnxRuntimeBackend:
                 raise _engine_error(exc) from None
             finally:
                 ran_ns = time.time_ns()
-                records = ort_profile.collect(session)
+                records = profile.collect(session)
             start_ns = session.get_profiling_start_time_ns()
             del session  # its threads and buffers go now, inside trace_collect
         try:
-            origin = ort_profile.origin_us(records, start_ns if setup_ns <= start_ns <= opened_ns else None,
+            origin = profile.origin_us(records, start_ns if setup_ns <= start_ns <= opened_ns else None,
                                            run_ns)
-            events = ort_profile.events(records, origin, device.gpu)
+            events = profile.events(records, origin, device.gpu)
         except Exception as exc:  # noqa: BLE001 - tracing never fails a request
             log.warning("ONNX Runtime profile not understood, trace without engine ops: %s: %s",
                         type(exc).__name__, exc)
@@ -338,9 +311,9 @@ class OnnxRuntimeBackend:
         stages = (("trace_setup", setup_ns / 1000.0, (run_ns - setup_ns) / 1000.0),
                   ("trace_collect", ran_ns / 1000.0, (done_ns - ran_ns) / 1000.0))
         return outputs, EngineTrace(events=events, stages=stages,
-                                    thread_names=ort_profile.thread_names(events, threading.get_native_id()))
+                                    thread_names=profile.thread_names(events, threading.get_native_id()))
 
-    def _open_profiling_session(self, lane: int, device: gpu.LaneDevice, cpus: tuple[int, ...] | None):
+    def _open_profiling_session(self, lane: int, device: device_plan.LaneDevice, cpus: tuple[int, ...] | None):
         """A new session like the lane's, profiling from now on; NotImplementedError if ORT refuses."""
         ort = _ort()
         try:
@@ -351,7 +324,7 @@ class OnnxRuntimeBackend:
             options.profile_file_prefix = os.path.join(self._profile_dir, f"lane{lane}")
             with pinning.creation_lock:  # so that a model loading meanwhile does not count its threads
                 return ort.InferenceSession(self._prepared.model_path, options,
-                                            providers=gpu.ort_providers(device))
+                                            providers=device_plan.ort_providers(device))
         except Exception as exc:
             log.warning("lane %d: no ONNX Runtime profiling session, request runs untraced: %s: %s",
                         lane, type(exc).__name__, exc)
@@ -469,9 +442,24 @@ class OnnxRuntimeBackend:
         self._params = {}
 
 
-def _engine_error(exc: Exception) -> Exception:
+@functools.cache
+def _ort_error_map() -> tuple[tuple[type[BaseException], type[ProcessorError]], ...]:
+    """ONNX Runtime's exception classes (one per status code) -> our error for a failed run.
+
+    What refuses the caller's input (a wrong rank, dtype or shape, an id out of a table's range:
+    ``InvalidArgument``; a graph that cannot run these inputs: ``InvalidGraph``) is the caller's
+    :class:`~processor.errors.InvalidArgument`; every other status (``Fail``, ``RuntimeException``,
+    ``EngineError``, ``EPFail``, ``NotImplemented``, ...) and any other exception is the engine's
+    failure, :class:`~processor.errors.Internal`.
+    """
+    from onnxruntime.capi import onnxruntime_pybind11_state as status
+
+    return ((status.InvalidArgument, InvalidArgument), (status.InvalidGraph, InvalidArgument))
+
+
+def _engine_error(exc: Exception) -> ProcessorError:
     """The ProcessorError for an exception of ``InferenceSession.run``."""
-    kind = type(exc).__name__
-    if kind in ("InvalidArgument", "InvalidGraph") or "INVALID_ARGUMENT" in str(exc):
-        return InvalidArgument(f"the model rejected the input: {exc}")
-    return Internal(f"ONNX Runtime: {kind}: {exc}")
+    for ort_class, error in _ort_error_map():
+        if isinstance(exc, ort_class):
+            return error(f"the model rejected the input: {exc}")
+    return Internal(f"ONNX Runtime: {type(exc).__name__}: {exc}")

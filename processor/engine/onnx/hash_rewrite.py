@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 CONTRIB_DOMAIN = "ai.onnx.contrib"
 # ONNX ops that move or reshape values without looking at them: a string tensor may pass

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import Internal
+from ...errors import Internal
 
 ALIGN = 64
 EXTERNAL_MIN_BYTES = 4096
