@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .feature_store import LookupStats, RowChunk, TableSpec
+from .rows import LookupStats, RowChunk, TableSpec
 from .hash_index import HashIndex
 from .progress import LoadProgress
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..checkpoint.delta import PARENT_TENSOR, CheckpointError, Delta, VariableInfo
-from .feature_store import RowChunk
+from .rows import RowChunk
 
 _PART = re.compile(r"^(?P<table>.+)/part_(?P<k>\d+)$")
 _KEY_SUFFIXES = {"-keys": "-values", "-sparse_incr_keys": "-sparse_incr_values"}

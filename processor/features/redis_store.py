@@ -50,7 +50,7 @@ import numpy as np
 
 from ..errors import Internal, Unavailable
 from .ev_checkpoint import TableSource
-from .feature_store import LookupStats, RowChunk, TableSpec
+from .rows import LookupStats, RowChunk, TableSpec
 from .key_layout import DEFAULT_PARTITIONS, SENTINEL, KeyLayout, key_slot, table_id
 from .progress import LoadProgress
 from .redis_client import RedisNodes, StoreDown

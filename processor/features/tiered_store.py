@@ -32,7 +32,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from .dram_store import LocalVersionTables, checked_values, write_meta
-from .feature_store import LookupStats, RowChunk, TableSpec
+from .rows import LookupStats, RowChunk, TableSpec
 from .hash_index import HashIndex
 
 

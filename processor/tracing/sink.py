@@ -13,6 +13,7 @@ import posixpath
 import uuid
 
 from ..errors import ConfigError
+from ..redaction import redact_url
 
 
 class LocalSink:
@@ -43,8 +44,6 @@ class FsspecSink:
 
     def __init__(self, url: str, **storage_options) -> None:
         import fsspec
-
-        from ..processor import redact_url
 
         self.display = redact_url(url)
         self.fs, root = fsspec.core.url_to_fs(url, **storage_options)
@@ -82,6 +81,4 @@ def open_sink(path: str, **storage_options) -> LocalSink | FsspecSink:
 
 
 def _shown(path: str) -> str:
-    from ..processor import redact_url
-
     return redact_url(path)
