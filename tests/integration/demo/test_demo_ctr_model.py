@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import tensorflow as tf
 
-from demo.ctr_model import build_ctr_model, synthetic_batch
-from demo.ctr_spec import PRESETS, get_preset
+from demo.ctr_model import synthetic_batch
+from demo.ctr_spec import get_preset
 from demo.layout import read_model_card
 
 EXPECTED_INPUTS = {
@@ -119,21 +118,3 @@ def test_model_card(ctr_model_small):
     assert set(card["outputs"]) == set(EXPECTED_OUTPUTS)
     assert 0.5 < card["evaluation"]["auc"] <= card["evaluation"]["oracle_auc"]
     assert card["parameters"]["bytes"] == 4 * card["parameters"]["total"]
-
-
-def test_presets_have_the_promised_sizes():
-    full, small = PRESETS["full"], PRESETS["small"]
-    assert [t.feature for t in full.tables] == [f"C{i}" for i in range(1, 27)]
-    assert min(t.rows for t in full.tables) == 1_000 and max(t.rows for t in full.tables) == 1_000_000
-    assert {t.dim for t in full.tables} == {16, 32, 64}
-    assert sum(t.rows * t.dim for t in full.tables) * 4 <= 200e6
-    assert max(t.rows for t in small.tables) <= 5_000
-    assert [t.dim for t in small.tables] == [t.dim for t in full.tables]
-
-
-def test_rejects_bad_arguments(tmp_path):
-    with pytest.raises(ValueError, match="preset"):
-        build_ctr_model(tmp_path, preset="huge")
-    with pytest.raises(ValueError, match="versions"):
-        build_ctr_model(tmp_path, preset="small", versions=0)
-    assert list(tmp_path.iterdir()) == []
