@@ -13,7 +13,8 @@ Every key of DeepRec's processor is accepted with its documented type and defaul
 * a config that is not UTF-8 is refused as such; values echoed in messages are shortened;
 * an unknown key is an error, with the closest known key suggested, unless it is a key of
   DeepRec/EAS deployments that this processor does not use (listed in :data:`FOREIGN_KEYS`),
-  which is accepted and reported in model info;
+  which is accepted and reported in model info; so is a DeepRec key this processor has nothing
+  to apply to (:data:`IGNORED_KEYS`: validated with DeepRec's type, then reported the same way);
 * ``signature_name``, ``serialize_protocol``, ``feature_store_type`` and ``model_store_type``
   have defaults (DeepRec requires them); ``feature_store_type`` accepts ``local`` and ``memory``;
 * ``cpusets`` accepts single cores (``"3;4-6"``) and mixed lists (``"1-3,5"``);
@@ -42,6 +43,16 @@ from .errors import ConfigError
 FOREIGN_KEYS: frozenset[str] = frozenset({
     "processor", "processor_type", "model_entry", "metadata", "token", "name",
     "processor_path", "processor_entry", "warm_up_data_path",
+})
+
+# DeepRec processor keys that this processor validates (with DeepRec's type) and has nothing to
+# apply to; reported with FOREIGN_KEYS in model info ("accepted_ignored") when a config sets them.
+IGNORED_KEYS: frozenset[str] = frozenset({
+    # DeepRec's TensorFlow fork runs model updates on a global "user_model_update_intra" pool.
+    # Stock TensorFlow has one intra-op pool per process (intra_op_parallelism_threads) and no way
+    # to run one call on another; ONNX Runtime updates are in-place array writes that run no graph.
+    # (model_update_inter_threads does apply: the TensorFlow backend's update inter-op pool.)
+    "model_update_intra_threads",
 })
 
 # Keys a later part of the processor implements: validated now, reported as "accepted, not yet
@@ -154,7 +165,7 @@ class ModelConfig(BaseModel):
 
     # --- updates, warmup, rollback ----------------------------------------------------------
     model_update_inter_threads: int = Field(0, ge=0, le=1024)
-    model_update_intra_threads: int = Field(0, ge=0, le=1024)
+    model_update_intra_threads: int = Field(0, ge=0, le=1024)  # validated, unused: IGNORED_KEYS
     warmup_file_name: str = ""
     # Ours: batch sizes every lane is warmed up at (rows of the warmup request repeated); None:
     # from batching, else powers of two up to the warmup requests' largest batch (8 if synthetic).
@@ -320,8 +331,9 @@ class ModelConfig(BaseModel):
     # --- reporting --------------------------------------------------------------------------
 
     def foreign_keys(self, data: dict[str, Any]) -> list[str]:
-        """Keys of ``data`` accepted for DeepRec/EAS compatibility and not used."""
-        return sorted(k for k in data if k in FOREIGN_KEYS)
+        """Keys of ``data`` accepted for DeepRec/EAS compatibility and not used (FOREIGN_KEYS and
+        IGNORED_KEYS)."""
+        return sorted(k for k in data if k in FOREIGN_KEYS or k in IGNORED_KEYS)
 
     def not_yet_active(self) -> dict[str, str]:
         """Keys set to a non-default value whose feature is not active in this build."""

@@ -127,6 +127,15 @@ def test_foreign_deeprec_keys_are_accepted_and_reported():
     assert c.foreign_keys(raw) == ["processor", "warm_up_data_path"]
 
 
+def test_deeprec_keys_with_nothing_to_apply_are_validated_and_reported():
+    # DeepRec's separate intra-op pool for updates needs its TensorFlow fork: the key is checked
+    # with DeepRec's type (test_bad_value_names_the_key) and listed with the foreign keys.
+    raw = {**BASE, "model_update_intra_threads": 2, "model_update_inter_threads": 2}
+    c = ModelConfig.from_dict(raw)
+    assert c.foreign_keys(raw) == ["model_update_intra_threads"]
+    assert c.foreign_keys(BASE) == []
+
+
 def test_later_features_are_reported_not_active():
     inactive = cfg(shard_embedding=True, embedding_names="C1", shard_instance_count=2, id_type="int64",
                    session_num=2).not_yet_active()
