@@ -1,113 +1,160 @@
-"""DataPlane: the one use-case layer every front-end calls (HTTP, gRPC, the C ABI).
+"""DataPlane: the request use-cases every edge calls (HTTP, gRPC, KServe v2, TF Serving, the C ABI).
 
-``decode -> acquire the serving group -> run on a lane -> encode``. Every failure is a
-:class:`~processor.errors.ProcessorError`; front-ends map it once. Thread-safe: any number of
-threads may call any method at once.
+:meth:`DataPlane.predict` takes a :class:`~processor.request.PredictCall` (model, version or
+label, signature name, inputs as wire bytes, numpy arrays or a decoder of the served signature,
+output filter, deadline), does one acquire of the served version, checks what the call names
+against it, decodes once, runs on a lane and encodes; it returns the outputs with the version and
+signature that served them (:class:`~processor.request.PredictResult`). :meth:`served` answers
+metadata calls the same way. Every failure is a :class:`~processor.errors.ProcessorError`
+(an unexpected exception becomes INTERNAL with the original as its ``__cause__``); edges map it
+once. Thread-safe: any number of threads may call any method at once.
 
-Batching: a model with ``batching`` settings has a :class:`~processor.batching.batcher.Batcher`;
-its requests are decoded and checked on the caller's thread, then run merged with others (see
-that module). ``deadline`` (a ``time.monotonic()`` value, from a gRPC deadline or an HTTP
-timeout header) drops a request that waited too long, with DeadlineExceeded. :meth:`close`
-drains the batching queues.
+Batching: a model with ``batching`` settings has a :class:`~processor.batching.batcher.Batcher`
+(its :class:`~processor.served_model.ServedModel` owns it); its requests are decoded and checked
+on the caller's thread, then run merged with others (see that module). A call's ``deadline``
+drops a request that waited too long, with DeadlineExceeded.
 
 Timeline tracing: a model with a :class:`~processor.tracing.Tracer` has each predict request
-counted; the requests it picks run on a traced path that times every stage and asks the engine
-for a full per-op trace. Untraced requests pay one truthiness check of a dict that is empty
-unless some model still has traces to take.
+counted; the requests it picks run the same path with every stage timed (parse, acquire, decode,
+run, encode inside ``request``) and the engine's full per-op trace. Untraced requests pay one
+truthiness check of a dict that is empty unless some model still has traces to take.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from . import codec
 from .batching.batcher import Batcher
-from .batching.settings import BatchingConfig
-from .errors import DeadlineExceeded, NotFound, ProcessorError, Unavailable, as_processor_error
-from .manager.model_manager import ModelManager
-from .signature import Signature
-from .tracing import Tracer, TraceRecorder
+from .errors import DeadlineExceeded, ProcessorError, as_processor_error
+from .request import (PredictCall, PredictResult, Served, check_served, check_signature_name,
+                      requested_version)
+from .served_model import ModelRegistry
+from .tracing import TraceRecorder
 from .tracing.tracer import now_us
 
 log = logging.getLogger(__name__)
 
+_WIRE = (bytes, bytearray, memoryview)
+
 
 class DataPlane:
-    """Routes requests to models by name. See the module doc."""
+    """Routes calls to the registry's models. See the module doc."""
 
-    def __init__(self, models: Mapping[str, ModelManager],
-                 tracers: Mapping[str, Tracer | None] | None = None,
-                 batching: Mapping[str, BatchingConfig | None] | None = None) -> None:
-        self._models = dict(models)
-        self._batchers = {name: Batcher(name, settings)
-                          for name, settings in (batching or {}).items() if settings is not None}
+    def __init__(self, models: ModelRegistry) -> None:
+        self._registry = models
+        self._managers = {m.name: m.manager for m in models}
+        self._labels = {m.name: m.version_labels for m in models}
+        self._batchers = {m.name: m.batcher for m in models if m.batcher is not None}
         # Only tracers with traces left; emptied as they finish, so the hot path stays one check.
-        self._tracers = {name: t for name, t in (tracers or {}).items() if t is not None and not t.done}
+        self._tracers = {m.name: m.tracer for m in models if m.tracer is not None and not m.tracer.done}
 
     @property
     def model_names(self) -> list[str]:
-        return list(self._models)
+        return self._registry.names
 
-    def manager(self, name: str) -> ModelManager:
-        try:
-            return self._models[name]
-        except KeyError:
-            raise NotFound(f"unknown model {name!r}; serving {sorted(self._models)}") from None
+    def predict(self, call: PredictCall) -> PredictResult:
+        """Run one call (see the module doc); raises ProcessorError.
 
-    def predict(self, name: str, data: bytes | memoryview, deadline: float | None = None) -> bytes:
-        """Serialized PredictRequest in, serialized PredictResponse out.
-
-        ``data`` may be a memoryview of the caller's buffer (the C ABI's): it is read during the
-        call only, never kept (decoding copies). The untraced, unbatched path is the request
-        path's hot loop: one handle acquire and the group's ``serve`` (the engine's native
-        whole-request path, or the native codec around the engine call).
+        Wire bytes may be a memoryview of the caller's buffer (the C ABI's): read during the call
+        only, never kept (decoding copies). Untraced wire requests take the request path's hot
+        loop: one handle acquire and the group's ``serve`` (the engine's native whole-request
+        path, or the native codec around the engine call).
         """
-        if deadline is not None:
-            _check_deadline(name, deadline)
-        if self._tracers:
-            recorder = self._begin_trace(name)
-            if recorder is not None:
-                return self._traced(name, recorder, lambda: codec.parse_request(data), codec.decode_message,
-                                    deadline=deadline)
-        model = self._models.get(name)
-        if model is None:
-            self.manager(name)  # raises NotFound with the list of models
-        batcher = self._batchers.get(name) if self._batchers else None
-        handle = model.acquire_handle()
+        name = call.model
+        if call.deadline is not None:
+            _check_deadline(name, call.deadline)
+        manager = self._managers.get(name)
+        if manager is None:
+            self._registry.get(name)  # raises NotFound with the list of models
+        wanted = call.version
+        if call.label is not None:
+            wanted = requested_version(name, call.version, call.label, self._labels[name])
+        rec = self._begin_trace(name) if self._tracers else None
+        if rec is None:
+            return self._predict(manager, call, wanted, None)
+        try:
+            with rec.stage("request"):
+                return self._predict(manager, call, wanted, rec)
+        except Exception as exc:
+            rec.error = str(exc)
+            raise
+        finally:
+            rec.tracer.submit(rec)  # never raises
+
+    def _predict(self, manager, call: PredictCall, wanted: int | None,
+                 rec: TraceRecorder | None) -> PredictResult:
+        if rec is None:
+            handle = manager.acquire_handle()
+        else:
+            with rec.stage("acquire"):
+                handle = manager.acquire_handle()
         try:
             group = handle.group
-            if batcher is None:
-                return group.serve(data)
-            out = group.serve_batched(data, deadline)  # the engine's own queue, if it has one
-            if out is not None:
-                if isinstance(out, str):
-                    raise batcher.refusal(out)
-                return out
-            wire = group.codec
-            feeds, keys, aliases = wire.decode(data)
-            return wire.encode(keys, batcher.run(group, feeds, aliases, deadline))
+            signature = group.signature
+            if wanted is not None:
+                check_served(call.model, group.version, wanted)
+            if call.signature_name:
+                check_signature_name(call.signature_name, signature)
+            inputs = call.inputs
+            if isinstance(inputs, _WIRE) and not inputs:  # DeepRec's introspection ping
+                return PredictResult(json.dumps(signature.describe()).encode(), group.version, signature, True)
+            return PredictResult(self._answer(call, group, rec), group.version, signature)
+        except ProcessorError:
+            raise
         except Exception as exc:
-            raise as_processor_error(exc) from None
+            raise as_processor_error(exc) from exc
         finally:
             handle.release()
 
+    def _answer(self, call: PredictCall, group, rec: TraceRecorder | None) -> Any:
+        """Decode, run and (wire calls) encode ``call`` on the acquired ``group``."""
+        inputs = call.inputs
+        batcher = self._batchers.get(call.model) if self._batchers else None
+        wire = isinstance(inputs, _WIRE)
+        if wire and rec is None:
+            return _serve_wire(group, inputs, batcher, call.deadline)
+        stage = rec.stage if rec is not None else _untimed
+        with stage("parse"):
+            if wire:
+                parsed = codec.parse_request(inputs)
+            else:
+                parsed = inputs(group.signature) if callable(inputs) else inputs
+        with stage("decode"):
+            if wire:
+                decoded = codec.decode_message(parsed, group.signature)
+            else:
+                decoded = codec.decode_arrays(parsed, call.output_filter, group.signature)
+            del parsed
+        with stage("run") as timed:
+            try:
+                outputs = _run(group, decoded, batcher, call.deadline, rec)
+            finally:
+                if rec is not None and rec.run_window is None:  # batched runs set the merged call's window
+                    rec.run_window = (timed.start, now_us())
+        if not wire:
+            return outputs
+        with stage("encode"):
+            return codec.encode_response(outputs)
+
     def predict_many(self, name: str, requests: Sequence[bytes | memoryview]) -> list[bytes | ProcessorError]:
-        """:meth:`predict` for each request, one result (response bytes or the error) per request.
+        """:meth:`predict` of each serialized request, one result (response bytes or the error)
+        per request.
 
         With batching, all of them are queued before any is awaited, so they run merged (with
         each other and with concurrent requests); without, they run one after another.
         """
         batcher = self._batchers.get(name)
         if batcher is None or self._tracers:
-            return [_result(self.predict, name, data) for data in requests]
-        model = self.manager(name)
-        handle = model.acquire_handle()
+            return [_result(self._predict_wire, name, data) for data in requests]
+        handle = self._registry.get(name).manager.acquire_handle()
         try:
             group = handle.group
             wire = group.codec
@@ -133,42 +180,18 @@ class DataPlane:
         finally:
             handle.release()
 
-    def predict_arrays(self, name: str, inputs: Mapping[str, np.ndarray],
-                       output_filter: list[str] | None = None,
-                       deadline: float | None = None) -> dict[str, np.ndarray]:
-        """numpy inputs (keyed by alias or tensor name) in, numpy outputs out.
+    def _predict_wire(self, name: str, data: bytes | memoryview) -> bytes:
+        return self.predict(PredictCall(name, data)).outputs
 
-        For front-ends that parse their own wire format (JSON); inputs are checked against the
-        signature exactly as protobuf requests are.
-        """
-        def decode(parsed, signature):
-            return codec.decode_arrays(inputs, output_filter, signature)
-
-        if deadline is not None:
-            _check_deadline(name, deadline)
-        if self._tracers:
-            recorder = self._begin_trace(name)
-            if recorder is not None:
-                return self._traced(name, recorder, lambda: None, decode, encode=False, deadline=deadline)
-        with self.manager(name).acquire() as group:
-            return self._run(group, decode(None, group.signature), self._batchers.get(name), deadline)
-
-    @staticmethod
-    def _run(group, decoded: codec.DecodedRequest, batcher: Batcher | None = None,
-             deadline: float | None = None, rec: TraceRecorder | None = None) -> dict[str, np.ndarray]:
-        """Run a decoded request, merged by ``batcher`` when there is one, traced into ``rec``
-        when given; its outputs by response key."""
-        aliases = tuple(alias for _, alias in decoded.fetches)
-        try:
-            if batcher is not None:
-                arrays = batcher.run(group, decoded.feeds, aliases, deadline, rec)
-            elif rec is not None:
-                rec.lane, arrays, rec.engine = group.run_traced(decoded.feeds, aliases)
-            else:
-                arrays = group.run(decoded.feeds, aliases)
-        except Exception as exc:
-            raise as_processor_error(exc) from None
-        return {key: array for (key, _), array in zip(decoded.fetches, arrays)}
+    def served(self, name: str, version: int | None = None, label: str | None = None) -> Served:
+        """What serves ``name`` (metadata calls), read in one acquire; NOT_FOUND when ``version``
+        (or ``label``'s version) is not the served one."""
+        model = self._registry.get(name)
+        wanted = requested_version(name, version, label, model.version_labels)
+        with model.manager.acquire() as group:
+            if wanted is not None:
+                check_served(name, group.version, wanted)
+            return Served(group.version, group.signature, group.backend.engine_name)
 
     # --- timeline tracing -------------------------------------------------------------------
 
@@ -182,74 +205,39 @@ class DataPlane:
             self._tracers.pop(name, None)  # no traces left: later requests skip tracing entirely
         return recorder
 
-    def _traced(self, name: str, rec: TraceRecorder, parse: Callable[[], Any],
-                decode: Callable[[Any, Signature], codec.DecodedRequest], encode: bool = True,
-                deadline: float | None = None) -> Any:
-        """One request on the traced path: same results and errors, every stage timed.
 
-        ``parse`` reads the transport's payload, ``decode`` checks it against the signature.
-        The trace is submitted (never raising) whether the request succeeds or fails.
-        """
-        try:
-            with rec.stage("request"):
-                with rec.stage("parse"):
-                    parsed = parse()
-                with contextlib.ExitStack() as stack:
-                    with rec.stage("acquire"):
-                        group = stack.enter_context(self.manager(name).acquire())
-                    with rec.stage("decode"):
-                        decoded = decode(parsed, group.signature)
-                    with rec.stage("run") as stage:
-                        try:
-                            outputs = self._run(group, decoded, self._batchers.get(name), deadline, rec)
-                        finally:
-                            if rec.run_window is None:  # batched runs set the merged call's window
-                                rec.run_window = (stage.start, now_us())
-                if not encode:
-                    return outputs
-                with rec.stage("encode"):
-                    return codec.encode_response(outputs)
-        except Exception as exc:
-            rec.error = str(exc)
-            raise
-        finally:
-            rec.tracer.submit(rec)
+def _serve_wire(group, data: bytes | memoryview, batcher: Batcher | None, deadline: float | None) -> bytes:
+    """The untraced wire path: the group's ``serve``, or its native batching queue, or the
+    Python batcher around the native codec."""
+    if batcher is None:
+        return group.serve(data)
+    out = group.serve_batched(data, deadline)  # the engine's own queue, if it has one
+    if out is not None:
+        if isinstance(out, str):
+            raise batcher.refusal(out)
+        return out
+    wire = group.codec
+    feeds, keys, aliases = wire.decode(data)
+    return wire.encode(keys, batcher.run(group, feeds, aliases, deadline))
 
-    def serving(self, name: str) -> tuple[Signature, Any, str]:
-        """(signature, version, engine name) of the served version, read in one acquire."""
-        with self.manager(name).acquire() as group:
-            return group.signature, group.version, group.backend.engine_name
 
-    def signature(self, name: str) -> dict[str, Any]:
-        """DeepRec's signature description of the served version."""
-        with self.manager(name).acquire() as group:
-            return group.signature.describe()
+def _run(group, decoded: codec.DecodedRequest, batcher: Batcher | None = None,
+         deadline: float | None = None, rec: TraceRecorder | None = None) -> dict[str, np.ndarray]:
+    """Run a decoded request, merged by ``batcher`` when there is one, traced into ``rec`` when
+    given; its outputs by response key."""
+    aliases = tuple(alias for _, alias in decoded.fetches)
+    if batcher is not None:
+        arrays = batcher.run(group, decoded.feeds, aliases, deadline, rec)
+    elif rec is not None:
+        rec.lane, arrays, rec.engine = group.run_traced(decoded.feeds, aliases)
+    else:
+        arrays = group.run(decoded.feeds, aliases)
+    return {key: array for (key, _), array in zip(decoded.fetches, arrays)}
 
-    def model_info(self, name: str) -> dict[str, Any]:
-        info = self.manager(name).info()
-        batching = self.batching_info(name)
-        if batching is not None:
-            info["batching"] = batching
-        return info
 
-    def batching_info(self, name: str) -> dict[str, Any] | None:
-        """The model's batching settings and counters (both queues), or None without batching."""
-        batcher = self._batchers.get(name)
-        if batcher is None:
-            return None
-        native = None
-        try:
-            with self._models[name].acquire() as group:
-                native = group.batch_stats()
-        except Unavailable:  # no version served yet (or any more): the Python queue's counters
-            pass
-        return batcher.describe(native)
-
-    def close(self, timeout: float | None = None) -> None:
-        """Drain the batching queues: queued requests run, new ones are refused."""
-        for batcher in self._batchers.values():
-            if not batcher.close(timeout):
-                log.warning("model %s: batching queue not drained in %s s", batcher.model, timeout)
+@contextlib.contextmanager
+def _untimed(name: str):
+    yield None
 
 
 def _check_deadline(name: str, deadline: float) -> None:

@@ -76,7 +76,7 @@ def example_request(app: ServingApp, name: str) -> str | None:
     if app.http_port is None:
         return None
     try:
-        sig = app.runtime.dataplane.signature(name)
+        sig = app.runtime.dataplane.served(name).signature.describe()
     except Exception:
         return None
     row = {}

@@ -5,7 +5,7 @@ wire format into :class:`InferInput` values and call :func:`infer`, which goes t
 DataPlane like every other front-end (batching included). Datatypes map to the signature's
 dtypes; a tensor whose datatype, shape or element count does not fit is an InvalidArgument
 (400 / INVALID_ARGUMENT) naming the tensor. Versions: the served version's number (TF Serving's
-numbering, :func:`server.tfserving.version_number`); asking for another one is NOT_FOUND.
+numbering, :func:`processor.request.version_number`); asking for another one is NOT_FOUND.
 
 Raw tensor bytes (the binary extension, gRPC ``raw_*_contents``) are row-major elements in
 little-endian order; a BYTES tensor is each element's 4-byte little-endian length, then its bytes.
@@ -24,8 +24,7 @@ import numpy as np
 
 from processor import dtypes
 from processor.errors import InvalidArgument, NotFound
-
-from . import tfserving
+from processor.request import PredictCall
 
 SERVER_NAME = "serving-processor"
 # The binary tensor extension over HTTP (Inference-Header-Content-Length); gRPC raw contents.
@@ -73,24 +72,28 @@ def _echo(value: Any) -> str:
     return text if len(text) <= _MAX_ECHO else text[:_MAX_ECHO] + "..."
 
 
-def served_number(rt, name: str, version: str | None) -> tuple[Any, int, str]:
-    """(signature, served version number, engine); NOT_FOUND for a version that is not the served one."""
-    signature, served, engine = rt.dataplane.serving(name)
-    wanted = None
-    if version:
-        if not version.isdigit():
-            raise NotFound(f"model {name!r} has no version {_echo(version)}; versions are numbers")
-        wanted = int(version)
-    return signature, tfserving.check_served(name, served, wanted), engine
+def _wanted(name: str, version: str | None) -> int | None:
+    """The version number a URL names (None: the served one); versions are numbers."""
+    if not version:
+        return None
+    if not version.isdigit():
+        raise NotFound(f"model {name!r} has no version {_echo(version)}; versions are numbers")
+    return int(version)
+
+
+def served(rt, name: str, version: str | None):
+    """What serves ``name`` (:class:`~processor.request.Served`); NOT_FOUND for a version that
+    is not the served one."""
+    return rt.dataplane.served(name, _wanted(name, version))
 
 
 def model_metadata(rt, name: str, version: str | None = None) -> dict[str, Any]:
     """The v2 model metadata: name, versions, platform, inputs and outputs of the signature."""
-    signature, number, engine = served_number(rt, name, version)
-    platform = {"onnxruntime": "onnxruntime_onnx", "tensorflow": "tensorflow_savedmodel"}[engine]
-    return {"name": name, "versions": [str(number)], "platform": platform,
-            "inputs": [tensor_metadata(s) for s in signature.inputs.values()],
-            "outputs": [tensor_metadata(s) for s in signature.outputs.values()]}
+    serving = served(rt, name, version)
+    platform = {"onnxruntime": "onnxruntime_onnx", "tensorflow": "tensorflow_savedmodel"}[serving.engine_name]
+    return {"name": name, "versions": [str(serving.version_number)], "platform": platform,
+            "inputs": [tensor_metadata(s) for s in serving.signature.inputs.values()],
+            "outputs": [tensor_metadata(s) for s in serving.signature.outputs.values()]}
 
 
 def tensor_metadata(spec) -> dict[str, Any]:
@@ -99,11 +102,10 @@ def tensor_metadata(spec) -> dict[str, Any]:
 
 
 def model_ready(rt, name: str, version: str | None = None) -> bool:
-    manager = rt.dataplane.manager(name)  # NotFound for an unknown model
-    if not manager.ready or rt.gate.draining:
+    if not rt.model(name).ready or rt.gate.draining:  # NotFound for an unknown model
         return False
     try:
-        served_number(rt, name, version)
+        served(rt, name, version)
     except NotFound:
         return False
     return True
@@ -231,7 +233,7 @@ def json_data(array: np.ndarray) -> list:
 def infer(rt, name: str, version: str | None, inputs: list[InferInput], outputs: list[str] | None,
           deadline: float | None = None) -> tuple[str, dict[str, np.ndarray]]:
     """Run one inference: (served version number as a string, outputs by name in request order)."""
-    _, number, _ = served_number(rt, name, version)
+    wanted = _wanted(name, version)
     arrays: dict[str, np.ndarray] = {}
     for tensor in inputs:
         if tensor.name in arrays:
@@ -239,5 +241,6 @@ def infer(rt, name: str, version: str | None, inputs: list[InferInput], outputs:
         arrays[tensor.name] = to_array(tensor)
     if outputs is not None and len(set(outputs)) != len(outputs):
         raise InvalidArgument(f"an output is requested twice: {_echo(outputs)}")
-    result = rt.dataplane.predict_arrays(name, arrays, outputs or None, deadline)
-    return str(number), result
+    result = rt.dataplane.predict(PredictCall(name, arrays, version=wanted, output_filter=outputs or None,
+                                              deadline=deadline))
+    return str(result.version_number), result.outputs

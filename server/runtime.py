@@ -18,8 +18,6 @@ import contextlib
 import contextvars
 import gc
 import logging
-import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -27,9 +25,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from processor.dataplane import DataPlane
-from processor.deployment import DeploymentConfig, ModelEntry
+from processor.deployment import DeploymentConfig
 from processor.errors import as_processor_error
-from processor.manager.model_manager import ModelManager
+from processor.served_model import ModelRegistry, ServedModel
 
 from .drain import DrainGate
 from .logs import request_id_var
@@ -40,51 +38,46 @@ access_log = logging.getLogger("server.access")
 
 
 class ServingRuntime:
-    """See the module doc."""
+    """See the module doc. ``managers``: stand-in ModelManagers by model name (tests)."""
 
     def __init__(self, deployment: DeploymentConfig,
                  managers: Mapping[str, Any] | None = None) -> None:
         self.deployment = deployment
-        self.environment = _apply_environment(deployment)  # before TensorFlow starts its pools
-        self.entries: dict[str, ModelEntry] = {m.name: m for m in deployment.models}
-        self.managers: dict[str, Any] = dict(managers) if managers is not None else {
-            m.name: ModelManager(m.name, m.config) for m in deployment.models}
-        self.tracers = _tracers(deployment) if managers is None else {}
-        self.dataplane = DataPlane(self.managers, self.tracers,
-                                   {m.name: m.config.batching for m in deployment.models if m.name in self.managers})
+        self.models = ModelRegistry.from_deployment(deployment, managers)  # the environment first
+        self.dataplane = DataPlane(self.models)
         self.gate = DrainGate()
-        self.metrics = ServerMetrics(lambda: self.managers, self._batching_info)
+        self.metrics = ServerMetrics(lambda: {m.name: m for m in self.models}, self._batching_info)
         self.admin_token = deployment.resolved_admin_token()
         self.access_log = deployment.access_log
         self._executors = {
-            name: ThreadPoolExecutor(self._threads(name), thread_name_prefix=f"sp-infer-{name}")
-            for name in self.managers}
+            m.name: ThreadPoolExecutor(m.threads or 2, thread_name_prefix=f"sp-infer-{m.name}")
+            for m in self.models}
         self._update_lock = threading.Lock()
         self._loaders: list[threading.Thread] = []
         self.on_model_ready: list[Callable[[str], None]] = []  # called with the model name
 
-    def _batching_info(self) -> dict[str, dict | None]:
-        return {name: self.dataplane.batching_info(name) for name in self.managers}
+    def model(self, name: str) -> ServedModel:
+        """The served model; NotFound naming the served ones."""
+        return self.models.get(name)
 
-    def _threads(self, name: str) -> int:
-        entry = self.entries.get(name)
-        return entry.threads if entry is not None else 2
+    def _batching_info(self) -> dict[str, dict | None]:
+        return {m.name: m.batching_info() for m in self.models}
 
     # --- model lifecycle --------------------------------------------------------------------
 
     def start_models(self) -> None:
         """Load every model on its own background thread; failures are logged, not raised."""
-        for name in self.managers:
-            thread = threading.Thread(target=self._start_one, args=(name,), daemon=True,
-                                      name=f"sp-load-{name}")
+        for model in self.models:
+            thread = threading.Thread(target=self._start_one, args=(model,), daemon=True,
+                                      name=f"sp-load-{model.name}")
             thread.start()
             self._loaders.append(thread)
 
-    def _start_one(self, name: str) -> None:
-        manager = self.managers[name]
+    def _start_one(self, model: ServedModel) -> None:
+        name = model.name
         started = time.monotonic()
         try:
-            manager.start()
+            model.start()
         except Exception as exc:
             err = as_processor_error(exc)
             self.metrics.observe_update(name, "start", time.monotonic() - started, ok=False)
@@ -92,7 +85,7 @@ class ServingRuntime:
                       extra={"model": name, "code": err.code.name})
             return
         self.metrics.observe_update(name, "start", time.monotonic() - started, ok=True)
-        served = manager.served_version()
+        served = model.served_version()
         log.info("model %s ready, version %s (%.2f s)", name, served.label if served else "?",
                  time.monotonic() - started, extra={"model": name})
         for callback in self.on_model_ready:
@@ -110,10 +103,10 @@ class ServingRuntime:
     @property
     def ready(self) -> bool:
         """Every model serves a version, and the server is not draining."""
-        return not self.gate.draining and all(m.ready for m in self.managers.values())
+        return not self.gate.draining and all(m.ready for m in self.models)
 
     def states(self) -> dict[str, str]:
-        return {name: m.state for name, m in self.managers.items()}
+        return {m.name: m.state for m in self.models}
 
     # --- request path -----------------------------------------------------------------------
 
@@ -121,7 +114,7 @@ class ServingRuntime:
         """The model's inference pool; NotFound for an unknown model."""
         executor = self._executors.get(name)
         if executor is None:
-            self.dataplane.manager(name)  # raises NotFound with the list of served models
+            self.models.get(name)  # raises NotFound with the list of served models
         return executor
 
     async def run(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
@@ -150,7 +143,7 @@ class ServingRuntime:
                 self.gate.exit()
             self.metrics.in_flight.labels(protocol).dec()
             seconds = time.perf_counter() - started
-            label = model if model in self.managers else UNKNOWN_MODEL
+            label = model if model in self.models else UNKNOWN_MODEL
             version = self.version_label(model)
             self.metrics.observe_request(label, version, protocol, api, code, seconds)
             if code != "OK":
@@ -161,8 +154,7 @@ class ServingRuntime:
                                 extra=_fields(label, version, protocol, api, code, seconds))
 
     def version_label(self, name: str) -> str:
-        manager = self.managers.get(name)
-        served = manager.served_version() if manager is not None else None
+        served = self.models.get(name).served_version() if name in self.models else None
         return served.label if served is not None else "none"
 
     # --- admin ------------------------------------------------------------------------------
@@ -170,26 +162,22 @@ class ServingRuntime:
     # ``caller`` (the client's address) goes into the admin log lines
 
     def reload(self, name: str, caller: str = "-") -> dict[str, Any]:
-        """Load the version the store names now (``manager.load(manager.discover())``)."""
-        manager = self.dataplane.manager(name)
-        return self._update(name, "reload", lambda: manager.load(manager.discover()), caller)
+        """Load the version the store names now."""
+        return self._update(name, "reload", self.models.get(name).reload, caller)
 
     def rollback(self, name: str, version: int | None, caller: str = "-") -> dict[str, Any]:
         """Serve the previously served version, or full checkpoint ``version``; both pin it."""
-        manager = self.dataplane.manager(name)
-        if version is None:
-            return self._update(name, "rollback", manager.rollback, caller)
-        return self._update(name, "rollback", lambda: manager.pin(version), caller)
+        model = self.models.get(name)
+        return self._update(name, "rollback", lambda: model.rollback(version), caller)
 
     def pin(self, name: str, version: int, caller: str = "-") -> dict[str, Any]:
         """Serve full checkpoint ``version`` and stop following newer ones."""
-        manager = self.dataplane.manager(name)
-        return self._update(name, "pin", lambda: manager.pin(version), caller)
+        model = self.models.get(name)
+        return self._update(name, "pin", lambda: model.pin(version), caller)
 
     def unpin(self, name: str, caller: str = "-") -> dict[str, Any]:
         """Follow the newest version again."""
-        manager = self.dataplane.manager(name)
-        return self._update(name, "unpin", manager.unpin, caller)
+        return self._update(name, "unpin", self.models.get(name).unpin, caller)
 
     def _update(self, name: str, kind: str, action: Callable[[], Any], caller: str = "-") -> dict[str, Any]:
         with self._update_lock:  # one admin update at a time
@@ -201,12 +189,12 @@ class ServingRuntime:
                 self.metrics.observe_update(name, kind, time.monotonic() - started, ok=False)
                 log.error("admin %s of %s by %s failed: %s", kind, name, caller, err.message,
                           extra={"model": name, "client": caller})
-                raise err from None
+                raise err from exc
             seconds = time.monotonic() - started
             self.metrics.observe_update(name, kind, seconds, ok=True)
             log.info("admin %s of %s by %s done in %.2f s, serving %s", kind, name, caller, seconds,
                      self.version_label(name), extra={"model": name, "client": caller})
-            info = self.managers[name].info()
+            info = self.models.get(name).info()
             return {"model": name, "action": kind, "seconds": round(seconds, 3),
                     "state": info.get("state"), "version": info.get("version"),
                     "pinned": info.get("pinned")}
@@ -214,16 +202,10 @@ class ServingRuntime:
     # --- shutdown ---------------------------------------------------------------------------
 
     def close(self) -> None:
-        self.dataplane.close(timeout=self.deployment.drain_timeout_seconds)  # runs what is still queued
+        self.models.drain(timeout=self.deployment.drain_timeout_seconds)  # runs what is still queued
         for executor in self._executors.values():
             executor.shutdown(wait=False, cancel_futures=True)
-        for manager in self.managers.values():
-            try:
-                manager.close()
-            except Exception:  # closing must go on for the others
-                log.exception("closing model %s failed", manager.name)
-        for tracer in self.tracers.values():
-            tracer.close()  # writes the traces still queued
+        self.models.close()
 
 
 def tune_gc() -> None:
@@ -238,36 +220,6 @@ def tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
-
-
-def _apply_environment(deployment: DeploymentConfig) -> dict[str, str]:
-    """Export ``omp_num_threads`` / ``kmp_blocktime`` as DeepRec does (process-wide variables).
-
-    One process serves every model, so when models disagree the largest value is used and the
-    conflict is logged. Reported in model info.
-    """
-    applied: dict[str, str] = {}
-    for key, attr in (("OMP_NUM_THREADS", "omp_num_threads"), ("KMP_BLOCKTIME", "kmp_blocktime")):
-        values = {m.name: getattr(m.config, attr) for m in deployment.models if getattr(m.config, attr) is not None}
-        if not values:
-            continue
-        value = max(values.values())
-        if len(set(values.values())) > 1:
-            log.warning("%s differs between models %s; the process uses %s", attr, values, value)
-        late = "tensorflow" in sys.modules
-        os.environ[key] = str(value)
-        applied[key] = f"{value} (set after the engine started: takes effect on restart)" if late else str(value)
-    return applied
-
-
-def _tracers(deployment: DeploymentConfig) -> dict[str, Any]:
-    """Timeline tracers of the models with ``timeline_*`` keys (ConfigError on a bad path)."""
-    try:
-        from processor.tracing import Tracer
-    except ImportError:  # a build without timeline tracing
-        return {}
-    made = {m.name: Tracer.from_config(m.name, m.config) for m in deployment.models}
-    return {name: tracer for name, tracer in made.items() if tracer is not None}
 
 
 def _fields(model: str, version: str, protocol: str, api: str, code: str, seconds: float) -> dict:

@@ -28,7 +28,6 @@ RESOURCE_EXHAUSTED.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable
@@ -38,6 +37,7 @@ from typing import Any
 import grpc
 
 from processor.errors import InvalidArgument, as_processor_error
+from processor.request import PredictCall, requested_version
 
 from .. import tfserving
 from ..deadline import from_grpc
@@ -98,12 +98,11 @@ class _Handlers:
             if not model:
                 raise InvalidArgument(f"name the model in the 'model-name' request metadata; "
                                       f"serving {sorted(names)}")
-            if not data:  # the introspection ping: the signature JSON, as HTTP and the C ABI answer
-                signature = json.dumps(self.rt.dataplane.signature(model)).encode()
+            result = self.rt.dataplane.predict(PredictCall(model, data, deadline=from_grpc(context)))
+            if result.introspection:  # the signature JSON, as HTTP and the C ABI answer
                 context.set_trailing_metadata((("x-request-id", request_id_var.get()),
                                                ("x-response-format", "signature-json")))
-                return signature
-            return self.rt.dataplane.predict(model, data, from_grpc(context))
+            return result.outputs
         return self._call("predict", model, context, work)
 
     # --- TF Serving --------------------------------------------------------------------------
@@ -113,33 +112,21 @@ class _Handlers:
         label = spec.version_label if spec.HasField("version_label") else None
         return spec.name, version, label
 
-    def _wanted(self, name: str, version: int | None, label: str | None) -> int | None:
-        entry = self.rt.entries.get(name)
-        return tfserving.requested_version(name, version, label,
-                                           entry.version_labels if entry else {})
-
-    def _served(self, name: str):
-        with self.rt.dataplane.manager(name).acquire() as group:
-            return group.signature, group.version
-
     def tfs_predict(self, request, context: grpc.ServicerContext):
         from tensorflow_serving.apis import predict_pb2
 
         name, version, label = self._spec(request.model_spec)
 
         def work():
-            wanted = self._wanted(name, version, label)
-            signature, served = self._served(name)
-            number = tfserving.check_served(name, served, wanted)
-            tfserving.check_signature_name(request.model_spec.signature_name, signature)
             arrays = {key: tensor_proto.to_numpy(key, proto) for key, proto in request.inputs.items()}
-            outputs = self.rt.dataplane.predict_arrays(name, arrays, list(request.output_filter),
-                                                       from_grpc(context))
+            result = self.rt.dataplane.predict(PredictCall(
+                name, arrays, version=version, label=label, signature_name=request.model_spec.signature_name,
+                output_filter=list(request.output_filter), deadline=from_grpc(context)))
             response = predict_pb2.PredictResponse()
             response.model_spec.name = name
-            response.model_spec.version.value = number
-            response.model_spec.signature_name = signature.name
-            for key, array in outputs.items():
+            response.model_spec.version.value = result.version_number
+            response.model_spec.signature_name = result.signature.name
+            for key, array in result.outputs.items():
                 tensor_proto.from_numpy(array, response.outputs[key])
             return response
         return self._call("tfs_predict", name, context, work)
@@ -155,14 +142,12 @@ class _Handlers:
             if unsupported or not fields:
                 raise InvalidArgument(f"Metadata field {unsupported[0] if unsupported else '(none)'} "
                                       f"is not supported; ask for 'signature_def'")
-            wanted = self._wanted(name, version, label)
-            signature, served = self._served(name)
-            number = tfserving.check_served(name, served, wanted)
+            served = self.rt.dataplane.served(name, version, label)
             sig_map = get_model_metadata_pb2.SignatureDefMap()
-            sig_map.signature_def[signature.name].CopyFrom(tfserving.signature_def(signature))
+            sig_map.signature_def[served.signature.name].CopyFrom(tfserving.signature_def(served.signature))
             response = get_model_metadata_pb2.GetModelMetadataResponse()
             response.model_spec.name = name
-            response.model_spec.version.value = number
+            response.model_spec.version.value = served.version_number
             response.metadata["signature_def"].Pack(sig_map)
             return response
         return self._call("tfs_metadata", name, context, work)
@@ -173,8 +158,8 @@ class _Handlers:
         name, version, label = self._spec(request.model_spec)
 
         def work():
-            manager = self.rt.dataplane.manager(name)
-            statuses = tfserving.model_status(manager, self._wanted(name, version, label))
+            model = self.rt.model(name)
+            statuses = tfserving.model_status(model, requested_version(name, version, label, model.version_labels))
             response = get_model_status_pb2.GetModelStatusResponse()
             State = get_model_status_pb2.ModelVersionStatus.State
             for s in statuses:
@@ -250,7 +235,7 @@ class Health:
 
         serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
         draining = self.rt.gate.draining
-        ready = {name: m.ready and not draining for name, m in self.rt.managers.items()}
+        ready = {m.name: m.ready and not draining for m in self.rt.models}
         self.servicer.set("", serving if ready and all(ready.values()) else not_serving)
         any_ready = serving if any(ready.values()) else not_serving
         for service in (PROCESSOR_SERVICE, PREDICTION_SERVICE, MODEL_SERVICE, v2.SERVICE):

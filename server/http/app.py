@@ -42,6 +42,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from processor.errors import InvalidArgument, ProcessorError
+from processor.request import requested_version
 
 from .. import tfserving
 from ..logs import new_request_id, request_id_var
@@ -155,8 +156,8 @@ def create_http_app(rt: ServingRuntime) -> Any:
 
     @app.get("/api/models", tags=["processor"], summary="Served models and their states")
     async def list_models() -> dict:
-        return {"models": [{"name": name, "state": m.state, "ready": m.ready,
-                            "version": rt.version_label(name)} for name, m in rt.managers.items()]}
+        return {"models": [{"name": m.name, "state": m.state, "ready": m.ready,
+                            "version": rt.version_label(m.name)} for m in rt.models]}
 
     @app.get("/api/models/{model}", tags=["processor"], summary="Model info", responses=INFO_ERRORS)
     async def model_info(model: str) -> Response:
@@ -214,7 +215,7 @@ def create_http_app(rt: ServingRuntime) -> Any:
         states = rt.states()
         body: dict[str, Any] = {"ready": rt.ready, "draining": rt.gate.draining, "models": states}
         if not body["ready"]:
-            waiting = [f"{n}: {s}" for n, s in states.items() if not rt.managers[n].ready]
+            waiting = [f"{n}: {s}" for n, s in states.items() if not rt.model(n).ready]
             body["error"] = ("server is shutting down" if rt.gate.draining
                              else f"models not ready: {', '.join(waiting)}")
             return JSONResponse(body, status_code=503)
@@ -224,13 +225,13 @@ def create_http_app(rt: ServingRuntime) -> Any:
              responses=INFO_ERRORS)
     async def model_ready(model: str) -> JSONResponse:
         try:
-            manager = rt.dataplane.manager(model)
+            served = rt.model(model)
         except ProcessorError as exc:
             return error_response(exc)
-        ok = manager.ready and not rt.gate.draining
-        body = {"name": model, "ready": ok, "state": manager.state}
+        ok = served.ready and not rt.gate.draining
+        body = {"name": model, "ready": ok, "state": served.state}
         if not ok:
-            body["error"] = manager.last_error or f"model {model!r} is {manager.state}"
+            body["error"] = served.last_error or f"model {model!r} is {served.state}"
         return JSONResponse(body, status_code=200 if ok else 503)
 
     v2.register(app, rt, PREDICT_ERRORS)  # the Open Inference Protocol (KServe v2)
@@ -242,7 +243,7 @@ def create_http_app(rt: ServingRuntime) -> Any:
 
     @app.get("/", include_in_schema=False)
     async def index() -> dict:
-        return {"service": "serving-processor", "models": list(rt.managers),
+        return {"service": "serving-processor", "models": rt.models.names,
                 "docs": "/docs" if dep.enable_docs else None}
 
     # --- admin -------------------------------------------------------------------------------
@@ -260,7 +261,7 @@ def create_http_app(rt: ServingRuntime) -> Any:
             return JSONResponse({"error": message}, status_code=status, headers=headers)
         log.info("admin %s of %s requested by %s", action, model, caller, extra={"client": caller, "model": model})
         try:
-            rt.dataplane.manager(model)
+            rt.model(model)  # NotFound for an unknown model
             ctx = contextvars.copy_context()
             result = await asyncio.get_running_loop().run_in_executor(None, ctx.run, fn, caller)
         except Exception as exc:
@@ -371,49 +372,21 @@ def _int(text: str | None) -> int | None:
     return int(text) if text is not None else None
 
 
-def _served(rt: ServingRuntime, name: str):
-    with rt.dataplane.manager(name).acquire() as group:
-        return group.signature, group.version
-
-
-def _labels(rt: ServingRuntime, name: str) -> dict[str, int]:
-    entry = rt.entries.get(name)
-    return entry.version_labels if entry is not None else {}
-
-
 def tfs_status(rt: ServingRuntime, name: str, version: int | None, label: str | None) -> dict:
-    manager = rt.dataplane.manager(name)
-    wanted = tfserving.requested_version(name, version, label, _labels(rt, name))
-    statuses = tfserving.model_status(manager, wanted)
+    model = rt.model(name)
+    statuses = tfserving.model_status(model, requested_version(name, version, label, model.version_labels))
     return {"model_version_status": [s.as_json() for s in statuses]}
 
 
 def tfs_metadata(rt: ServingRuntime, name: str, version: int | None, label: str | None) -> dict:
-    wanted = tfserving.requested_version(name, version, label, _labels(rt, name))
-    signature, served = _served(rt, name)
-    number = tfserving.check_served(name, served, wanted)
-    return {"model_spec": {"name": name, "signature_name": "", "version": str(number)},
-            "metadata": tfserving.signature_def_json(signature)}
+    served = rt.dataplane.served(name, version, label)
+    return {"model_spec": {"name": name, "signature_name": "", "version": str(served.version_number)},
+            "metadata": tfserving.signature_def_json(served.signature)}
 
 
 def model_details(rt: ServingRuntime, name: str) -> dict:
     """Model info: state, served version, signature, session group, validated config."""
-    manager = rt.dataplane.manager(name)
-    info = rt.dataplane.model_info(name)
-    entry = rt.entries.get(name)
-    if entry is not None:
-        info["config"] = entry.config.redacted()
-        info["accepted_not_active"] = entry.config.not_yet_active()
-        info["accepted_ignored"] = entry.config.foreign_keys(entry.raw_config)
-        info["version_labels"] = entry.version_labels
-        info["inference_threads"] = entry.threads
-        info["environment"] = rt.environment
-    tracer = rt.tracers.get(name)
-    if tracer is not None:
-        info["timeline"] = tracer.describe()
-    served = manager.served_version()
-    info["tf_serving_version"] = tfserving.version_number(served) if served is not None else None
-    return info
+    return rt.model(name).info()
 
 
 class RequestContext:

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from processor.errors import InvalidArgument, ProcessorError, StatusCode, Unavailable, as_processor_error
+from processor.request import PredictCall
+from processor.signature import Signature
 
-from .. import tfserving
 from ..deadline import from_http_headers
 from ..runtime import ServingRuntime
 from . import tfs_json
@@ -109,9 +110,8 @@ class PredictRoutes:
         async def work() -> Reply:
             deadline = from_http_headers(headers)
             body = await read_body(receive, headers, self.limit)
-            if not body:
-                return Reply(200, json.dumps(await rt.run(model, rt.dataplane.signature, model)).encode())
-            return Reply(200, await rt.run(model, rt.dataplane.predict, model, body, deadline), PROTOBUF)
+            result = await rt.run(model, rt.dataplane.predict, PredictCall(model, body, deadline=deadline))
+            return Reply(200, result.outputs, JSON if result.introspection else PROTOBUF)
         return await tracked(self.rt, model, "predict", work, error_reply)
 
     async def tfs(self, path: str, receive: Receive, headers: list) -> Reply:
@@ -134,27 +134,29 @@ def tfs_predict(rt: ServingRuntime, name: str, version: int | None, label: str |
                 body: bytes | bytearray, deadline: float | None = None,
                 limits: tfs_json.Limits = tfs_json.Limits(), hold: Hold | None = None) -> bytes | bytearray:
     """TF Serving REST predict (on the model's thread pool): JSON in, JSON out."""
-    entry = rt.entries.get(name)
-    wanted = tfserving.requested_version(name, version, label, entry.version_labels if entry else {})
-    with rt.dataplane.manager(name).acquire() as group:
-        signature, served = group.signature, group.version
-    tfserving.check_served(name, served, wanted)
-    if method != "predict":
-        raise InvalidArgument(f"Expected {method} signature method_name to be "
-                              f"tensorflow/serving/{method}. Was: {signature.method}")
     size = len(body)
     try:
         request = tfs_json.parse_request(body, limits)
-        tfserving.check_signature_name(request.signature_name, signature)
-        arrays, fmt = tfs_json.decode_request(request, signature, hold.charge if hold else None)
-        del request
-        if isinstance(body, bytearray) and size >= tfs_json.SMALL_BODY:
-            try:
-                body.clear()  # decoded: free it now, not after the reply (read_body's buffer, ours)
-            except BufferError:  # pragma: no cover - a view of it is still alive
-                pass
-        outputs = rt.dataplane.predict_arrays(name, arrays, deadline=deadline)
-        del arrays
+        fmt = None
+
+        def decode(signature: Signature):
+            """The JSON's arrays for the served signature (the DataPlane calls it in its acquire)."""
+            nonlocal request, fmt
+            if method != "predict":
+                raise InvalidArgument(f"Expected {method} signature method_name to be "
+                                      f"tensorflow/serving/{method}. Was: {signature.method}")
+            arrays, fmt = tfs_json.decode_request(request, signature, hold.charge if hold else None)
+            request = None  # decoded: the parsed JSON's memory goes now, not after the reply
+            if isinstance(body, bytearray) and size >= tfs_json.SMALL_BODY:
+                try:
+                    body.clear()  # read_body's buffer, ours
+                except BufferError:  # pragma: no cover - a view of it is still alive
+                    pass
+            return arrays
+
+        outputs = rt.dataplane.predict(PredictCall(name, decode, version=version, label=label,
+                                                   signature_name=request.signature_name,
+                                                   deadline=deadline)).outputs
         return tfs_json.encode_predict(outputs, fmt)
     finally:
         if size >= tfs_json.SMALL_BODY:

@@ -137,7 +137,7 @@ def test_health_and_metadata_match_the_signature(http_client, grpc_client, refer
     meta = http_client.get_server_metadata()
     assert meta["name"] == "serving-processor" and "binary_tensor_data" in meta["extensions"]
     for model, platform in (("toy", "tensorflow_savedmodel"), ("demo", "onnxruntime_onnx")):
-        signature = reference[model].dataplane.serving(model)[0]
+        signature = reference[model].dataplane.served(model).signature
         meta = http_client.get_model_metadata(model)
         assert meta["platform"] == platform and len(meta["versions"]) == 1
         assert [t["name"] for t in meta["inputs"]] == list(signature.inputs)

@@ -271,7 +271,6 @@ def test_openapi_lists_the_error_responses(limits):
 def test_empty_grpc_predict_is_the_ping_as_on_http_and_the_c_abi(limits):
     from processor import abi
     from processor.config import ModelConfig
-    from processor.dataplane import DataPlane
     from processor.processor import Processor
 
     app, _ = limits
@@ -285,9 +284,7 @@ def test_empty_grpc_predict_is_the_ping_as_on_http_and_the_c_abi(limits):
         with pytest.raises(grpc.RpcError) as err:
             call(b"", metadata=[("model-name", "nope")], timeout=5)
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
-    handle = Processor("m", ModelConfig(savedmodel_dir="/nonexistent"), {})
-    handle.manager = FakeManager("m")
-    handle.dataplane = DataPlane({"m": handle.manager})
+    handle = Processor("m", ModelConfig(savedmodel_dir="/nonexistent"), {}, manager=FakeManager("m"))
     assert abi.process(handle, b"") == (200, http_body) and grpc_body == http_body
 
 
@@ -302,7 +299,7 @@ def test_admin_off_without_a_token_by_default():
             assert status == 403 and "disabled" in error and "admin_token_env" in error, body
         status, _, _, client = request(app, "PUT", "/admin/models/m/pin", b'{"version": 1}',
                                        {"Content-Type": "application/json"})
-        assert status == 403 and app.runtime.managers["m"].actions == []
+        assert status == 403 and app.runtime.model("m").manager.actions == []
         assert any("refused" in line and client in line for line in lines), lines
 
 
@@ -318,7 +315,7 @@ def test_admin_with_a_token_and_the_callers_address_in_the_log(limits):
     status, _, body, client = request(app, "PUT", "/admin/models/m/pin", b'{"version": 3}',
                                       {"X-Admin-Token": TOKEN, "Content-Type": "application/json"})
     assert status == 200 and any(f"admin pin of m by {client}" in line for line in lines)
-    assert app.runtime.managers["m"].actions[-2:] == ["reload", "pin 3"]
+    assert app.runtime.model("m").manager.actions[-2:] == ["reload", "pin 3"]
 
 
 def test_admin_without_a_token_when_allowed_on_loopback():

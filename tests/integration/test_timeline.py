@@ -20,8 +20,8 @@ import pytest
 
 from conftest import model_config
 from processor import abi, codec
-from processor.dataplane import DataPlane
 from processor.errors import ProcessorError
+from processor.request import PredictCall
 from processor.tracing import PROCESSOR_DEVICE, step_stats
 from tools.timeline import gen_timeline
 
@@ -32,8 +32,9 @@ ORT_DEVICE = "/ort:CPUExecutionProvider"
 def untraced(p, data: bytes) -> bytes:
     """The reference answer to ``data``, computed off the traced path."""
     with p.manager.acquire() as group:
-        return codec.encode_response(DataPlane._run(group, codec.decode_message(codec.parse_request(data),
-                                                                                group.signature)))
+        decoded = codec.decode_message(codec.parse_request(data), group.signature)
+        arrays = group.run(decoded.feeds, tuple(alias for _, alias in decoded.fetches))
+        return codec.encode_response({key: a for (key, _), a in zip(decoded.fetches, arrays)})
 
 
 def check_chrome_trace(doc) -> None:
@@ -93,7 +94,7 @@ def test_traces_follow_start_interval_count(ctr_model_small, make_processor, tmp
     bodies = {}
     for i, request in enumerate(requests):
         if i == 8:  # a traced step through the numpy entry point (HTTP/JSON front-ends)
-            got = p.dataplane.predict_arrays(p.name, feeds[i])
+            got = p.dataplane.predict(PredictCall(p.name, feeds[i])).outputs
             assert set(got) == {"probability", "logits"}
             continue
         status, bodies[i] = p.process(request)
@@ -113,7 +114,7 @@ def test_traces_follow_start_interval_count(ctr_model_small, make_processor, tmp
         stage_dev = [d for d in stats.dev_stats if d.device == PROCESSOR_DEVICE]
         assert len(stage_dev) == 1
         names = {n.node_name for n in stage_dev[0].node_stats}
-        assert names == (STAGES - {"encode"} if step == 8 else STAGES)  # predict_arrays: no encode
+        assert names == (STAGES - {"encode"} if step == 8 else STAGES)  # arrays in: no encode
         request_label = next(n.timeline_label for n in stage_dev[0].node_stats if n.node_name == "request")
         assert f"step={step}" in request_label and f"trace={k}" in request_label
 

@@ -66,7 +66,8 @@ def test_example_request_is_built_from_the_signature():
     signature = {"inputs": [{"name": "dense", "shape": [-1, 3], "type": "DT_FLOAT"},
                             {"name": "tokens", "shape": [-1, 2], "type": "DT_STRING"}]}
     app = SimpleNamespace(http_port=8080, deployment=SimpleNamespace(host="0.0.0.0"),
-                          runtime=SimpleNamespace(dataplane=SimpleNamespace(signature=lambda name: signature)))
+                          runtime=SimpleNamespace(dataplane=SimpleNamespace(
+                                  served=lambda name: SimpleNamespace(signature=SimpleNamespace(describe=lambda: signature)))))
     curl = cli.example_request(app, "demo")
     body = json.loads(curl.split("-d '", 1)[1].rstrip("'"))
     assert curl.startswith("curl -s -X POST http://127.0.0.1:8080/v1/models/demo:predict")

@@ -9,8 +9,8 @@ import pytest
 from processor.dtypes import DT_BOOL, DT_FLOAT, DT_INT32, DT_INT64, DT_STRING
 from processor.errors import InvalidArgument, NotFound
 from processor.signature import Signature, TensorSpec
-from processor.store.checkpoint_layout import ModelVersion
-from server import tfserving
+from processor.store.model_version import ModelVersion
+from processor import request as call_checks
 from server.http import tfs_json
 from server.http.app import _STATUS_PATH
 from server.http.predict import PREDICT_PATH as _PREDICT_PATH
@@ -153,16 +153,16 @@ def test_status_path_grammar(path, groups):
 
 def test_version_rules():
     served = ModelVersion(7, -1)
-    assert tfserving.check_served("m", served, None) == 7
-    assert tfserving.check_served("m", served, 7) == 7
+    assert call_checks.check_served("m", served, None) == 7
+    assert call_checks.check_served("m", served, 7) == 7
     with pytest.raises(NotFound, match=r"Servable not found for request: Specific\(m, 8\)"):
-        tfserving.check_served("m", served, 8)
-    assert tfserving.version_number(ModelVersion(-1, -1)) == 0
-    assert tfserving.requested_version("m", None, "stable", {"stable": 7}) == 7
+        call_checks.check_served("m", served, 8)
+    assert call_checks.version_number(ModelVersion(-1, -1)) == 0
+    assert call_checks.requested_version("m", None, "stable", {"stable": 7}) == 7
     with pytest.raises(InvalidArgument, match="Both model version"):
-        tfserving.requested_version("m", 7, "stable", {"stable": 7})
+        call_checks.requested_version("m", 7, "stable", {"stable": 7})
     with pytest.raises(InvalidArgument, match="Unrecognized servable version label: canary"):
-        tfserving.requested_version("m", None, "canary", {"stable": 7})
+        call_checks.requested_version("m", None, "canary", {"stable": 7})
 
 
 def test_tensor_proto_round_trip():

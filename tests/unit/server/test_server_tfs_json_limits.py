@@ -15,7 +15,7 @@ import pytest
 from processor.dtypes import DT_BOOL, DT_DOUBLE, DT_FLOAT, DT_INT32, DT_INT64, DT_STRING
 from processor.errors import InvalidArgument, NotFound, PayloadTooLarge, ProcessorError, Unavailable
 from processor.signature import Signature, TensorSpec
-from server import tfserving
+from processor import request as call_checks
 from server.http import body as body_mod
 from server.http import json_stream, memory_budget, tfs_json
 
@@ -46,7 +46,7 @@ def decode(body: bytes | str, sig: Signature, limits=tfs_json.Limits()):
     if isinstance(body, str):
         body = body.encode("utf-8", "surrogatepass")
     request = tfs_json.parse_request(body, limits)
-    tfserving.check_signature_name(request.signature_name, sig)
+    call_checks.check_signature_name(request.signature_name, sig)
     return tfs_json.decode_request(request, sig)
 
 

@@ -1,0 +1,117 @@
+"""One predict call: what an edge asks (:class:`PredictCall`), what it gets (:class:`PredictResult`),
+and the checks of what the call names against what is served.
+
+Every edge (our HTTP and gRPC protocol, TF Serving's REST and gRPC, KServe v2, the C ABI) builds
+a :class:`PredictCall` and hands it to :meth:`processor.dataplane.DataPlane.predict`, which does
+one acquire of the served version, checks the version and signature the call names against it,
+decodes the inputs once and runs them. The result names the version and signature that served
+it, so an edge never reports a version it did not run.
+
+Versions are numbered as TF Serving numbers them (:func:`version_number`): the full checkpoint's
+global step, ``0`` when parameters come from the SavedModel's own variables. A call names a
+version or a label (``version_labels`` of the model's deployment entry), never both; a version
+that is not the served one is NOT_FOUND ("Servable not found for request: Specific(name, N)"),
+an unknown label INVALID_ARGUMENT, both as TF Serving answers them.
+
+Immutable values; pure functions; thread-safe.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Union
+
+import numpy as np
+
+from .errors import InvalidArgument, NotFound
+from .signature import Signature
+
+# The inputs of a call: serialized eas PredictRequest bytes (the answer is PredictResponse bytes;
+# empty bytes are DeepRec's introspection ping, answered with the signature JSON), numpy arrays
+# by alias or tensor name, or a decoder that makes them from the served signature (formats whose
+# decoding needs it: TF Serving's JSON). Arrays and decoders are answered with arrays by key.
+Inputs = Union[bytes, bytearray, memoryview, Mapping[str, np.ndarray],
+               Callable[[Signature], Mapping[str, np.ndarray]]]
+
+
+@dataclass(frozen=True, slots=True)
+class PredictCall:
+    """What an edge asks. ``deadline``: a ``time.monotonic()`` value (gRPC deadline, HTTP
+    timeout header) after which the request is dropped unrun with DEADLINE_EXCEEDED.
+    ``output_filter``: the outputs wanted, by alias or tensor name (arrays and decoders only:
+    serialized requests carry their own)."""
+
+    model: str
+    inputs: Inputs
+    version: int | None = None
+    label: str | None = None
+    signature_name: str = ""
+    output_filter: Sequence[str] | None = None
+    deadline: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PredictResult:
+    """What served a call and what it answered: ``outputs`` is PredictResponse bytes (or the
+    signature JSON when ``introspection``) for serialized inputs, else arrays by output key."""
+
+    outputs: Any
+    version: Any  # processor's ModelVersion of the version that ran the call
+    signature: Signature
+    introspection: bool = False
+
+    @property
+    def version_number(self) -> int:
+        return version_number(self.version)
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """What serves a model (metadata calls): its version, signature and engine name."""
+
+    version: Any  # processor's ModelVersion
+    signature: Signature
+    engine_name: str
+
+    @property
+    def version_number(self) -> int:
+        return version_number(self.version)
+
+
+def version_number(version) -> int:
+    """A served version's TF Serving number (see the module doc)."""
+    return max(version.full_step, 0)
+
+
+def requested_version(name: str, version: int | None, label: str | None,
+                      labels: Mapping[str, int]) -> int | None:
+    """The version number a call asks for (None: the served one)."""
+    if version is not None and label:
+        raise InvalidArgument(f"Both model version ({version}) and model version label ({label}) "
+                              f"cannot be supplied.")
+    if label:
+        if label not in labels:
+            raise InvalidArgument(f"Unrecognized servable version label: {label} (model {name!r} "
+                                  f"has labels {sorted(labels)})")
+        return labels[label]
+    return version
+
+
+def check_served(name: str, served, wanted: int | None) -> int:
+    """The served version's number; NOT_FOUND when ``wanted`` is another one."""
+    number = version_number(served)
+    if wanted is not None and wanted != number:
+        raise NotFound(f"Servable not found for request: Specific({name}, {wanted}); "
+                       f"serving version {number}")
+    return number
+
+
+def check_signature_name(requested: str, signature: Signature) -> None:
+    """NOT_FOUND unless ``requested`` is empty or the served signature's name (the request's
+    value echoed at most 80 characters long)."""
+    if requested and requested != signature.name:
+        shown = json.dumps(requested[:80]) + (f" ({len(requested)} characters)" if len(requested) > 80 else "")
+        raise NotFound(f"Serving signature name: {shown} not found in signature def; "
+                       f"this model serves \"{signature.name}\"")

@@ -1,0 +1,223 @@
+"""ServedModel: one model composed once (config, ModelManager, timeline tracer, batching queue,
+version labels); ModelRegistry: the served models by name, used by both the C ABI's
+:class:`~processor.processor.Processor` (one model) and the server's runtime (a deployment).
+
+Edges reach a model's lifecycle (readiness, state, admin actions, model info) through its
+ServedModel and its requests through the :class:`~processor.dataplane.DataPlane`; neither
+touches the :class:`~processor.manager.model_manager.ModelManager` itself.
+
+Thread-safe: every method may be called from any thread (the manager serializes updates).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from .batching.batcher import Batcher
+from .config import ModelConfig
+from .errors import NotFound, Unavailable
+from .manager.model_manager import ModelManager
+from .redaction import redact_url
+from .request import version_number
+from .tracing import Tracer
+
+log = logging.getLogger(__name__)
+
+
+class ServedModel:
+    """See the module doc. ``manager`` and ``tracer`` may be injected (tests: fakes); by default
+    they are built from ``config`` (a ConfigError names ``timeline_path`` when it is unusable)."""
+
+    def __init__(self, name: str, config: ModelConfig, *, raw_config: Mapping[str, Any] | None = None,
+                 version_labels: Mapping[str, int] | None = None, threads: int | None = None,
+                 environment: Mapping[str, str] | None = None, manager: Any = None,
+                 tracer: Tracer | None = None) -> None:
+        self.name = name
+        self.config = config
+        self.raw_config = dict(raw_config or {})
+        self.version_labels = dict(version_labels or {})
+        self.threads = threads
+        self.environment = dict(environment or {})
+        self.tracer = tracer if manager is not None else Tracer.from_config(name, config)
+        self.manager = manager if manager is not None else ModelManager(name, config)
+        self.batcher = Batcher(name, config.batching) if config.batching is not None else None
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Load and warm the served version; raises ProcessorError (the model is then ``failed``)."""
+        self.manager.start()
+
+    @property
+    def ready(self) -> bool:
+        return self.manager.ready
+
+    @property
+    def state(self):
+        """The served version's lifecycle state (see :mod:`processor.manager`)."""
+        return self.manager.state
+
+    @property
+    def last_error(self) -> str | None:
+        return self.manager.last_error
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        return getattr(self.manager, "stats", None) or {}
+
+    def served_version(self):
+        """The served ModelVersion, or None before the first load."""
+        return self.manager.served_version()
+
+    def reload(self) -> None:
+        """Load the version the store names now."""
+        self.manager.load(self.manager.discover())
+
+    def rollback(self, version: int | None = None) -> None:
+        """Serve the previously served version, or full checkpoint ``version``; both pin it."""
+        if version is None:
+            self.manager.rollback()
+        else:
+            self.manager.pin(version)
+
+    def pin(self, version: int) -> None:
+        """Serve full checkpoint ``version`` and stop following newer ones."""
+        self.manager.pin(version)
+
+    def unpin(self) -> None:
+        """Follow the newest version again."""
+        self.manager.unpin()
+
+    def drain(self, timeout: float | None = None) -> None:
+        """Run what the batching queue holds; new batched requests are refused from now on."""
+        if self.batcher is not None and not self.batcher.close(timeout):
+            log.warning("model %s: batching queue not drained in %s s", self.name, timeout)
+
+    def close(self) -> None:
+        """Stop the watcher and close the served version, then write the traces still queued."""
+        try:
+            self.manager.close()
+        finally:
+            if self.tracer is not None:
+                self.tracer.close()
+
+    # --- what is served ---------------------------------------------------------------------
+
+    def model_path(self) -> str:
+        """The served full checkpoint prefix (or TF Serving version directory) as a URL without
+        credentials; "" when the SavedModel's own variables serve (DeepRec's ServingModelInfo)."""
+        version = self.manager.served_version()
+        if version is None:
+            return ""
+        source = version.savedmodel_dir if version.is_version_dir else version.full_prefix
+        return redact_url(self.manager.store.url(source)) if source else ""
+
+    def batching_info(self) -> dict[str, Any] | None:
+        """The batching settings and counters (both queues), or None without batching."""
+        if self.batcher is None:
+            return None
+        native = None
+        try:
+            with self.manager.acquire() as group:
+                native = group.batch_stats()
+        except Unavailable:  # no version served yet (or any more): the Python queue's counters
+            pass
+        return self.batcher.describe(native)
+
+    def info(self) -> dict[str, Any]:
+        """Everything a user may want to know: state, version, signature, sessions, settings."""
+        info = self.manager.info()
+        batching = self.batching_info()
+        if batching is not None:
+            info["batching"] = batching
+        info["config"] = self.config.redacted()
+        info["accepted_not_active"] = self.config.not_yet_active()
+        info["accepted_ignored"] = self.config.foreign_keys(self.raw_config)
+        info["version_labels"] = self.version_labels
+        if self.threads is not None:
+            info["inference_threads"] = self.threads
+        info["environment"] = self.environment
+        if self.tracer is not None:
+            info["timeline"] = self.tracer.describe()
+        served = self.manager.served_version()
+        info["tf_serving_version"] = version_number(served) if served is not None else None
+        return info
+
+
+class ModelRegistry:
+    """The served models by name (in deployment order). Immutable after construction."""
+
+    def __init__(self, models: Iterable[ServedModel]) -> None:
+        self._models = {m.name: m for m in models}
+
+    @classmethod
+    def from_deployment(cls, deployment, managers: Mapping[str, Any] | None = None) -> ModelRegistry:
+        """Every model of a :class:`~processor.deployment.DeploymentConfig`. ``managers``: fakes
+        to serve instead (only the models named there are served; no timeline tracing)."""
+        environment = apply_environment([m.config for m in deployment.models])  # before TF starts
+        entries = [m for m in deployment.models if managers is None or m.name in managers]
+        return cls(ServedModel(m.name, m.config, raw_config=m.raw_config, version_labels=m.version_labels,
+                               threads=m.threads, environment=environment,
+                               manager=None if managers is None else managers[m.name])
+                   for m in entries)
+
+    @classmethod
+    def single(cls, name: str, config: ModelConfig, raw_config: Mapping[str, Any] | None = None,
+               manager: Any = None) -> ModelRegistry:
+        """One model (the C ABI's processor)."""
+        environment = apply_environment([config])
+        return cls([ServedModel(name, config, raw_config=raw_config, environment=environment, manager=manager)])
+
+    def get(self, name: str) -> ServedModel:
+        """The model; NotFound naming the served ones."""
+        model = self._models.get(name)
+        if model is None:
+            raise NotFound(f"unknown model {name!r}; serving {sorted(self._models)}")
+        return model
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._models
+
+    def __iter__(self) -> Iterator[ServedModel]:
+        return iter(self._models.values())
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._models)
+
+    def drain(self, timeout: float | None = None) -> None:
+        """Run what every batching queue holds (see :meth:`ServedModel.drain`)."""
+        for model in self:
+            model.drain(timeout)
+
+    def close(self) -> None:
+        """Close every model; a failure is logged and the others still close."""
+        for model in self:
+            try:
+                model.close()
+            except Exception:
+                log.exception("closing model %s failed", model.name)
+
+
+def apply_environment(configs: list[ModelConfig]) -> dict[str, str]:
+    """Export ``omp_num_threads`` / ``kmp_blocktime`` as DeepRec does (process-wide variables).
+
+    One process serves every model, so when models disagree the largest value is used and the
+    conflict is logged. Reports whether each can still take effect (the engine reads them once).
+    """
+    applied: dict[str, str] = {}
+    for key, attr in (("OMP_NUM_THREADS", "omp_num_threads"), ("KMP_BLOCKTIME", "kmp_blocktime")):
+        values = [getattr(c, attr) for c in configs if getattr(c, attr) is not None]
+        if not values:
+            continue
+        value = max(values)
+        if len(set(values)) > 1:
+            log.warning("%s differs between models %s; the process uses %s", attr, values, value)
+        late = "tensorflow" in sys.modules
+        os.environ[key] = str(value)
+        applied[key] = f"{value} (set after the engine started: takes effect on restart)" if late else str(value)
+    return applied
