@@ -5,7 +5,12 @@ The C library converts arguments and copies results; everything else happens her
 * ``initialize`` returns an opaque handle or raises ProcessorError with the message to print;
 * ``process``, ``batch_process`` and ``get_serving_model_info`` never raise: they return
   ``(status, payload)`` with status 200 and a serialized message, or an error status and a
-  UTF-8 message (codes in :mod:`processor.errors`);
+  UTF-8 message; the status is the ``c_abi`` column of :data:`processor.errors.STATUS_TABLE`
+  (the C library passes on those in ``C_ABI_STATUSES``, the statuses processor.h documents);
+* this is the C ABI's edge: each failure is converted once with
+  :func:`processor.errors.edge_error` (edge ``"c_abi"``), which logs an internal error's
+  traceback -- here for ``initialize``, in :class:`~processor.processor.Processor`'s
+  status-code methods (``process``, ``process_many``, ``serving_model_info``) for the rest;
 * ``process`` and ``batch_process`` get each request as a read-only ``memoryview`` of the host's
   buffer (no copy); it is valid during the call only, so nothing may keep it (or a view of it)
   after returning: the C shim releases it and the host frees the memory;
@@ -15,17 +20,22 @@ The C library converts arguments and copies results; everything else happens her
 
 from __future__ import annotations
 
-from .errors import as_processor_error
+import logging
+
+from .errors import edge_error
 from .processor import Processor
 
 ABI_VERSION = 1
+EDGE = "c_abi"
+
+log = logging.getLogger(__name__)
 
 
 def initialize(model_entry: str, model_config: str) -> Processor:
     try:
         return Processor.create(model_entry, model_config)
     except Exception as exc:
-        raise as_processor_error(exc) from None
+        raise edge_error(exc, EDGE, log)  # its __cause__ is exc (or it is exc)
 
 
 def process(handle: Processor, data: bytes | memoryview) -> tuple[int, bytes]:

@@ -7,19 +7,22 @@ Front-ends never invent codes: they look the code up in :data:`STATUS_TABLE` onc
 from __future__ import annotations
 
 import enum
+import logging
 from dataclasses import dataclass
 
 
 class StatusCode(enum.IntEnum):
-    """The processor's status codes; the integer is what the C ABI returns."""
+    """The processor's status codes, named as gRPC's canonical codes; the integer is the HTTP
+    status. What each edge sends is :data:`STATUS_TABLE`'s row, never the integer itself."""
 
     OK = 200
     INVALID_ARGUMENT = 400  # the request or config is wrong
     NOT_FOUND = 404  # unknown model, version or signature
-    PAYLOAD_TOO_LARGE = 413  # request over the configured size limit
+    RESOURCE_EXHAUSTED = 413  # request over a configured size or memory limit (server edges)
     INTERNAL = 500  # a failure inside the processor or the engine
     UNAVAILABLE = 503  # no version ready yet, a store down, shutting down, a full queue
     DEADLINE_EXCEEDED = 504  # the request's deadline passed before it ran
+    PAYLOAD_TOO_LARGE = 413  # alias of RESOURCE_EXHAUSTED (HTTP's name), for older callers
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,10 @@ class EdgeStatus:
 
     http: int
     grpc: str  # name of the grpc.StatusCode member; processor/ never imports grpc
+    # What processor.abi returns. libserving_processor.so passes on the statuses processor.h
+    # documents, C_ABI_STATUSES; the C path itself never produces RESOURCE_EXHAUSTED (it sets
+    # no request size limit: the host's transport does) nor DEADLINE_EXCEEDED (it passes no
+    # deadline), and the library answers any status outside that list as 500.
     c_abi: int
 
 
@@ -35,11 +42,15 @@ STATUS_TABLE: dict[StatusCode, EdgeStatus] = {
     StatusCode.OK: EdgeStatus(200, "OK", 200),
     StatusCode.INVALID_ARGUMENT: EdgeStatus(400, "INVALID_ARGUMENT", 400),
     StatusCode.NOT_FOUND: EdgeStatus(404, "NOT_FOUND", 404),
-    StatusCode.PAYLOAD_TOO_LARGE: EdgeStatus(413, "RESOURCE_EXHAUSTED", 413),
+    StatusCode.RESOURCE_EXHAUSTED: EdgeStatus(413, "RESOURCE_EXHAUSTED", 413),
     StatusCode.INTERNAL: EdgeStatus(500, "INTERNAL", 500),
     StatusCode.UNAVAILABLE: EdgeStatus(503, "UNAVAILABLE", 503),
     StatusCode.DEADLINE_EXCEEDED: EdgeStatus(504, "DEADLINE_EXCEEDED", 504),
 }
+
+# The statuses cpp_processor/include/processor.h documents (PROCESSOR_STATUS_*), exactly what
+# the C path can return; the library turns any other status it is handed into 500.
+C_ABI_STATUSES = frozenset({200, 400, 404, 500, 503})
 
 
 class ProcessorError(Exception):
@@ -77,8 +88,12 @@ class NotFound(ProcessorError):
     code = StatusCode.NOT_FOUND
 
 
-class PayloadTooLarge(ProcessorError):
-    code = StatusCode.PAYLOAD_TOO_LARGE
+class ResourceExhausted(ProcessorError):
+    code = StatusCode.RESOURCE_EXHAUSTED
+
+
+class PayloadTooLarge(ResourceExhausted):
+    """The request is over a configured size limit (HTTP 413)."""
 
 
 class Internal(ProcessorError):
@@ -94,7 +109,58 @@ class DeadlineExceeded(ProcessorError):
 
 
 def as_processor_error(exc: BaseException) -> ProcessorError:
-    """Return ``exc`` itself if it is a :class:`ProcessorError`, else wrap it as INTERNAL."""
+    """Return ``exc`` itself if it is a :class:`ProcessorError`, else wrap it as INTERNAL.
+
+    The wrapper's ``__cause__`` is ``exc``: its type and traceback stay with it (raise it
+    ``from exc``, never ``from None``), so the edge can log where the failure really happened.
+    """
     if isinstance(exc, ProcessorError):
         return exc
-    return Internal(f"{type(exc).__name__}: {exc}")
+    err = Internal(f"{type(exc).__name__}: {exc}")
+    err.__cause__ = exc  # also sets __suppress_context__
+    return err
+
+
+_LOGGED = "_processor_edge_logged"  # set on an exception whose traceback an edge has logged
+
+
+def edge_error(exc: BaseException, edge: str, logger: logging.Logger) -> ProcessorError:
+    """Convert the exception that failed a request into the :class:`ProcessorError` to answer
+    with, logging it once. Every edge (``"http"``, ``"grpc"``, ``"c_abi"``) calls this exactly
+    once per failed request, where it turns the failure into its transport's status
+    (``edge_error(exc, edge, log).edge`` is the :data:`STATUS_TABLE` row to send).
+
+    * The result is :func:`as_processor_error`'s: ``exc`` itself if it is a ProcessorError,
+      else an :class:`Internal` whose ``__cause__`` is ``exc``.
+    * INTERNAL (a bug or an engine failure): one ERROR record on ``logger`` with ``exc``'s
+      traceback (``exc_info``; a wrapper's record shows its cause's traceback first, as
+      Python chains them), the edge name and the message (``extra``: ``edge``, ``status``).
+      The first exception of the ``__cause__`` chain is marked, so the same failure reaching
+      an edge again (one engine failure shared by the requests of a merged batch, each
+      wrapped on its own; a cached failure) is logged at DEBUG only.
+    * Every other code is the caller's problem or an expected condition (4xx-class,
+      UNAVAILABLE, DEADLINE_EXCEEDED): it is answered, not logged above DEBUG.
+
+    Never raises.
+    """
+    err = as_processor_error(exc)
+    if err.code != StatusCode.INTERNAL:
+        logger.debug("%s: %s: %s", edge, err.code.name, err.message, extra={"edge": edge, "status": err.code.name})
+        return err
+    origin = exc  # the first exception of the chain: what gets marked as logged
+    seen = {id(origin)}
+    while origin.__cause__ is not None and id(origin.__cause__) not in seen:
+        origin = origin.__cause__
+        seen.add(id(origin))
+    try:
+        first = not getattr(origin, _LOGGED, False)
+        setattr(origin, _LOGGED, True)
+    except Exception:  # an exception type that takes no attributes: log it every time
+        first = True
+    extra = {"edge": edge, "status": err.code.name}
+    if first:
+        logger.error("%s: internal error: %s", edge, err.message, exc_info=(type(exc), exc, exc.__traceback__),
+                     extra=extra)
+    else:
+        logger.debug("%s: internal error (traceback logged before): %s", edge, err.message, extra=extra)
+    return err

@@ -16,17 +16,21 @@
  *   400  bad request: unparsable bytes, unknown input alias, wrong dtype or shape, missing
  *        input; also a bad argument at the C level (NULL pointer, negative size, NULL or
  *        unknown model handle).
- *   404  unknown model or signature.
- *   413  request larger than the configured limit.
+ *   404  not found: the request names a signature (or version) the model does not serve.
  *   500  internal failure (in the engine, in the library, or out of memory).
  *   503  not ready: no model version loaded yet, or the model is shutting down; or the
  *        model's batching queue is full (retry later).
  *
+ * These five are the only statuses the library returns. It sets no request size limit (the
+ * host's transport does; input_size is an int) and takes no deadline, so it has no 413 or 504.
  * For every status other than 200 the output buffer holds a UTF-8 message (not
  * NUL-terminated; its length is *output_size). All behaviour of a well-formed call
- * (which status, which message) is decided by the Python processor (processor/abi.py); the
- * library itself only produces 400 for bad C arguments and 500 for its own failures, and
- * those messages start with "[serving_processor]".
+ * (which status, which message) is decided by the Python processor (processor/abi.py, whose
+ * statuses are the c_abi column of processor/errors.py's STATUS_TABLE); the library itself
+ * only produces 400 for bad C arguments and 500 for its own failures -- including a status
+ * outside the list above coming from Python -- and those messages start with
+ * "[serving_processor]". Every 500 is logged once, through Python's logging, with the Python
+ * traceback when there is one (cpp_processor/README.md, "Errors and logs").
  *
  * ---------------------------------------------------------------------------------------
  * Ownership
@@ -92,7 +96,6 @@ extern "C" {
 #define PROCESSOR_STATUS_OK 200
 #define PROCESSOR_STATUS_BAD_REQUEST 400
 #define PROCESSOR_STATUS_NOT_FOUND 404
-#define PROCESSOR_STATUS_TOO_LARGE 413
 #define PROCESSOR_STATUS_INTERNAL 500
 #define PROCESSOR_STATUS_UNAVAILABLE 503
 

@@ -1,11 +1,15 @@
 /*
- * bridge.c -- the Python side of each call: imports processor.abi (module name overridable with
- * SERVING_PROCESSOR_MODULE, a testing hook), caches its functions, and turns what they return
- * or raise into a status and a malloc'd output. Everything but sp_runtime_ready() is called
- * with the GIL held.
+ * bridge.c -- the Python side of each call: imports processor.abi, caches its functions, and
+ * turns what they return or raise into a status and a malloc'd output. Everything but
+ * sp_runtime_ready() is called with the GIL held.
+ *
+ * The module is fixed at build time (SP_ABI_MODULE): the library always loads processor.abi.
+ * Only the test build (CMake target serving_processor_testing, build/testing/) is compiled
+ * with the stand-in tests/e2e/c_abi_fake_abi.py instead; no environment variable changes it.
  */
 #include "sp_internal.h" /* first: Python.h precedes the standard headers */
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -13,7 +17,12 @@
 #define SP_PROJECT_ROOT ""
 #endif
 
-#define SP_DEFAULT_MODULE "processor.abi"
+#ifndef SP_ABI_MODULE
+#define SP_ABI_MODULE "processor.abi"
+#endif
+
+/* Python logger of the 500s this library makes itself (see sp_log_error). */
+#define SP_LOGGER "serving_processor"
 
 /* Set once under the GIL, read with atomics; the function objects are immortal for us. */
 static int g_ready;
@@ -31,6 +40,19 @@ int sp_runtime_ready(void) { return __atomic_load_n(&g_ready, __ATOMIC_ACQUIRE);
 
 PyObject* sp_fn(sp_fn_id id) { return g_fns[id]; }
 
+int sp_status_documented(long status) {
+  switch (status) {
+    case PROCESSOR_STATUS_OK:
+    case PROCESSOR_STATUS_BAD_REQUEST:
+    case PROCESSOR_STATUS_NOT_FOUND:
+    case PROCESSOR_STATUS_INTERNAL:
+    case PROCESSOR_STATUS_UNAVAILABLE:
+      return 1;
+    default:
+      return 0;
+  }
+}
+
 /* Copies a str into buf (UTF-8); clears any error str() raised. */
 static void str_into(PyObject* s, char* buf, size_t len, const char* fallback) {
   const char* u = NULL;
@@ -42,34 +64,78 @@ static void str_into(PyObject* s, char* buf, size_t len, const char* fallback) {
   snprintf(buf, len, "%s", u);
 }
 
+void sp_log_error(const char* msg, PyObject* exc) {
+  PyObject *type = NULL, *value = NULL, *tb = NULL;
+  PyErr_Fetch(&type, &value, &tb); /* keep whatever is pending out of the way */
+  int ok = 0;
+  PyObject* logging = PyImport_ImportModule("logging");
+  PyObject* logger = logging ? PyObject_CallMethod(logging, "getLogger", "s", SP_LOGGER) : NULL;
+  PyObject* error = logger ? PyObject_GetAttrString(logger, "error") : NULL;
+  PyObject* args = error ? Py_BuildValue("(ss)", "%s", msg) : NULL;
+  PyObject* kwargs = args ? PyDict_New() : NULL;
+  if (kwargs != NULL && exc != NULL && PyExceptionInstance_Check(exc) &&
+      PyDict_SetItemString(kwargs, "exc_info", exc) != 0) {
+    Py_CLEAR(kwargs);
+  }
+  if (kwargs != NULL) {
+    PyObject* r = PyObject_Call(error, args, kwargs);
+    ok = r != NULL;
+    Py_XDECREF(r);
+  }
+  Py_XDECREF(kwargs);
+  Py_XDECREF(args);
+  Py_XDECREF(error);
+  Py_XDECREF(logger);
+  Py_XDECREF(logging);
+  if (!ok) { /* no logging (the interpreter is shutting down, out of memory): plain stderr */
+    PyErr_Clear();
+    fprintf(stderr, "%s\n", msg);
+    fflush(stderr);
+  }
+  PyErr_Restore(type, value, tb);
+}
+
 /*
- * A ProcessorError (anything with an int .code in 400..599 and a str .message) keeps its code
- * and message; any other exception is 500 with "<Type>: <str(exc)>".
+ * A ProcessorError -- a str .message and an int .edge.c_abi, processor/errors.py's STATUS_TABLE
+ * row -- keeps its status and message when processor.h documents that status; otherwise the
+ * status is 500: "<message> (status N, which processor.h does not define)" for a
+ * ProcessorError, "<Type>: <str(exc)>" for any other exception. Those 500s are logged here, with
+ * the traceback; a ProcessorError was answered (and, when internal, logged) by Python's edge.
  */
 int sp_take_exception(const char* where, char* msg, size_t len) {
   PyObject *type = NULL, *value = NULL, *tb = NULL;
   PyErr_Fetch(&type, &value, &tb);
   if (type == NULL) {
     snprintf(msg, len, SP_PREFIX "%s failed without an exception", where);
+    sp_log_error(msg, NULL);
     return PROCESSOR_STATUS_INTERNAL;
   }
   PyErr_NormalizeException(&type, &value, &tb);
+  if (value != NULL && tb != NULL) (void)PyException_SetTraceback(value, tb);
   int status = PROCESSOR_STATUS_INTERNAL;
   int done = 0;
   if (value != NULL) {
-    PyObject* code = PyObject_GetAttrString(value, "code");
-    PyObject* message = code ? PyObject_GetAttrString(value, "message") : NULL;
+    PyObject* edge = PyObject_GetAttrString(value, "edge");
+    PyObject* c_abi = edge ? PyObject_GetAttrString(edge, "c_abi") : NULL;
+    PyObject* message = c_abi ? PyObject_GetAttrString(value, "message") : NULL;
     PyErr_Clear();
-    if (code != NULL && PyLong_Check(code) && message != NULL && PyUnicode_Check(message)) {
-      long c = PyLong_AsLong(code);
+    if (c_abi != NULL && PyLong_Check(c_abi) && message != NULL && PyUnicode_Check(message)) {
+      long c = PyLong_AsLong(c_abi);
       PyErr_Clear();
-      if (c >= 400 && c <= 599) {
+      str_into(message, msg, len, "(unprintable message)");
+      done = 1;
+      if (c != PROCESSOR_STATUS_OK && sp_status_documented(c)) {
         status = (int)c;
-        str_into(message, msg, len, "(unprintable message)");
-        done = 1;
+      } else {
+        char text[SP_ERR_LEN];
+        snprintf(text, sizeof text, "%s", msg);
+        snprintf(msg, len, SP_PREFIX "%s: %s (status %ld, which processor.h does not define)",
+                 where, text, c);
+        sp_log_error(msg, value);
       }
     }
-    Py_XDECREF(code);
+    Py_XDECREF(edge);
+    Py_XDECREF(c_abi);
     Py_XDECREF(message);
   }
   if (!done) {
@@ -82,6 +148,9 @@ int sp_take_exception(const char* where, char* msg, size_t len) {
       snprintf(msg, len, "%s: %s", tname, text);
     else
       snprintf(msg, len, "%s", tname);
+    char line[SP_ERR_LEN];
+    snprintf(line, sizeof line, SP_PREFIX "%s raised %s", where, msg);
+    sp_log_error(line, value);
   }
   Py_XDECREF(type);
   Py_XDECREF(value);
@@ -90,7 +159,17 @@ int sp_take_exception(const char* where, char* msg, size_t len) {
   return status;
 }
 
-/* A malformed result is a 500 produced here. */
+int sp_internal_error(void** out, int* out_size, const char* fmt, ...) {
+  char msg[SP_ERR_LEN];
+  va_list ap;
+  va_start(ap, fmt);
+  (void)vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  sp_log_error(msg, NULL);
+  return sp_c_error(out, out_size, PROCESSOR_STATUS_INTERNAL, "%s", msg);
+}
+
+/* A malformed result is a 500 produced (and logged) here. */
 int sp_take_result(PyObject* res, const char* fn, void** out, int* out_size) {
   char msg[SP_ERR_LEN];
   if (res == NULL) {
@@ -98,18 +177,12 @@ int sp_take_result(PyObject* res, const char* fn, void** out, int* out_size) {
     return sp_c_error(out, out_size, status, "%s", msg);
   }
   if (!PyTuple_Check(res) || PyTuple_GET_SIZE(res) != 2) {
-    return sp_c_error(out, out_size, PROCESSOR_STATUS_INTERNAL,
-                      SP_PREFIX "%s returned %s, expected a (status, payload) tuple", fn,
-                      Py_TYPE(res)->tp_name);
+    return sp_internal_error(out, out_size,
+                             SP_PREFIX "%s returned %s, expected a (status, payload) tuple", fn,
+                             Py_TYPE(res)->tp_name);
   }
   PyObject* code = PyTuple_GET_ITEM(res, 0);
   PyObject* payload = PyTuple_GET_ITEM(res, 1);
-  long status = PyLong_Check(code) ? PyLong_AsLong(code) : -1;
-  if (status < 100 || status > 999) {
-    PyErr_Clear();
-    return sp_c_error(out, out_size, PROCESSOR_STATUS_INTERNAL,
-                      SP_PREFIX "%s returned an invalid status", fn);
-  }
   const char* data = NULL;
   Py_ssize_t n = 0;
   if (PyBytes_Check(payload)) {
@@ -121,15 +194,28 @@ int sp_take_result(PyObject* res, const char* fn, void** out, int* out_size) {
   } else if (PyUnicode_Check(payload)) {
     data = PyUnicode_AsUTF8AndSize(payload, &n);
   }
+  if (data == NULL) PyErr_Clear();
+  if (!PyLong_Check(code)) {
+    return sp_internal_error(out, out_size, SP_PREFIX "%s returned an invalid status", fn);
+  }
+  long status = PyLong_AsLong(code);
+  if (status == -1 && PyErr_Occurred()) PyErr_Clear();
+  if (!sp_status_documented(status)) {
+    /* Only the statuses processor.h lists reach the host; the 500 keeps the message. */
+    int shown = data == NULL ? 0 : n > 1024 ? 1024 : (int)n;
+    return sp_internal_error(out, out_size,
+                             SP_PREFIX "%s returned status %ld, which processor.h does not "
+                                       "define: %.*s",
+                             fn, status, shown, data == NULL ? "" : data);
+  }
   if (data == NULL) {
-    PyErr_Clear();
-    return sp_c_error(out, out_size, PROCESSOR_STATUS_INTERNAL,
-                      SP_PREFIX "%s returned a payload of type %s, expected bytes", fn,
-                      Py_TYPE(payload)->tp_name);
+    return sp_internal_error(out, out_size,
+                             SP_PREFIX "%s returned a payload of type %s, expected bytes", fn,
+                             Py_TYPE(payload)->tp_name);
   }
   if (sp_copy_out(out, out_size, data, (size_t)n) != 0) {
-    return sp_c_error(out, out_size, PROCESSOR_STATUS_INTERNAL,
-                      SP_PREFIX "cannot allocate a %zd-byte output buffer", n);
+    return sp_internal_error(out, out_size, SP_PREFIX "cannot allocate a %zd-byte output buffer",
+                             n);
   }
   return (int)status;
 }
@@ -152,8 +238,7 @@ static void add_project_root(void) {
 int sp_load_module(char* err, size_t errlen) {
   if (sp_runtime_ready()) return 0;
   add_project_root();
-  const char* modname = getenv("SERVING_PROCESSOR_MODULE");
-  if (modname == NULL || modname[0] == '\0') modname = SP_DEFAULT_MODULE;
+  const char* modname = SP_ABI_MODULE;
   char msg[SP_ERR_LEN];
   PyObject* mod = PyImport_ImportModule(modname);
   if (mod == NULL) {

@@ -5,7 +5,8 @@
  * Each exported function checks its C arguments, converts them to Python objects, calls the
  * matching function of the Python module `processor.abi` (bridge.c) and copies the result into
  * a malloc'd buffer. Every behaviour of a well-formed call comes from Python; the library only
- * produces 400 (bad C arguments) and 500 (its own failures), with messages prefixed SP_PREFIX.
+ * produces 400 (bad C arguments) and 500 (its own failures, logged), with messages prefixed
+ * SP_PREFIX, and passes on only the statuses processor.h documents.
  * How the interpreter is started or joined is in runtime.c; the handle registry in registry.c.
  */
 #include "sp_internal.h" /* first: Python.h precedes the standard headers */
@@ -190,6 +191,7 @@ PROCESSOR_API int batch_process(void* model_buf, int count, const void* const* i
   if (bad == NULL || index == NULL) {
     free(bad);
     free(index);
+    fprintf(stderr, SP_PREFIX "batch_process: out of memory\n"); /* no GIL here: not logged */
     return sp_fill_error(count, NULL, output_data, output_size, status, PROCESSOR_STATUS_INTERNAL,
                          SP_PREFIX "out of memory");
   }
@@ -218,6 +220,7 @@ PROCESSOR_API int batch_process(void* model_buf, int count, const void* const* i
                     SP_PREFIX "unknown or finalized model handle");
     } else if ((list = PyList_New(nvalid)) == NULL) {
       PyErr_Clear();
+      sp_log_error(SP_PREFIX "batch_process: out of memory", NULL);
       sp_fill_error(count, bad, output_data, output_size, status, PROCESSOR_STATUS_INTERNAL,
                     SP_PREFIX "out of memory");
     } else {
@@ -249,6 +252,7 @@ PROCESSOR_API int batch_process(void* model_buf, int count, const void* const* i
                    SP_PREFIX "processor.abi.batch_process returned %s, expected a list of %d "
                              "(status, payload) tuples",
                    Py_TYPE(res)->tp_name, nvalid);
+          sp_log_error(msg, NULL);
           sp_fill_error(count, bad, output_data, output_size, status, PROCESSOR_STATUS_INTERNAL,
                         msg);
         } else {

@@ -3,7 +3,8 @@
  *
  *   outputs.c   malloc'd output buffers and the messages the library writes itself
  *   runtime.c   the embedded interpreter (start or join) and per-thread Python states
- *   bridge.c    processor.abi's functions, and Python results / exceptions turned into C
+ *   bridge.c    processor.abi's functions, Python results / exceptions turned into C, and
+ *               the log record of every 500 the library makes
  *   registry.c  the model handles given out by initialize()
  *   processor.c the exported functions of processor.h
  *
@@ -66,8 +67,22 @@ int sp_load_module(char* err, size_t errlen);
 /* A cached function of processor.abi; only once sp_runtime_ready(). */
 PyObject* sp_fn(sp_fn_id id);
 
-/* Takes the pending Python exception and turns it into a status and a message. */
+/* Whether processor.h documents `status` (PROCESSOR_STATUS_*): the only ones a host sees. */
+int sp_status_documented(long status);
+
+/* Logs one ERROR record on the Python logger "serving_processor", with exc's traceback when
+ * exc is an exception (may be NULL); plain stderr if Python cannot log. Leaves any pending
+ * Python error as it was. */
+void sp_log_error(const char* msg, PyObject* exc);
+
+/* Takes the pending Python exception and turns it into a status and a message (a ProcessorError
+ * keeps its STATUS_TABLE c_abi status when processor.h documents it; anything else is a 500,
+ * logged with its traceback). */
 int sp_take_exception(const char* where, char* msg, size_t len);
+
+/* A 500 made by this library: logs the message (sp_log_error), then writes it (sp_c_error). */
+int sp_internal_error(void** out, int* out_size, const char* fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* Turns one (status, payload) result of processor.abi into the C outputs (res may be NULL: the
  * pending exception). Does not consume `res`. */

@@ -1,4 +1,4 @@
-"""Trainer-side writer of full and incremental checkpoints in the DESIGN.md layout.
+"""Trainer-side writer of full and incremental checkpoints in the layout of docs/checkpoints.md.
 
 ```
 <run_dir>/model.ckpt-<step>.index|data                               full: every model variable

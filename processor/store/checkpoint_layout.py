@@ -1,4 +1,4 @@
-"""Reads the checkpoint layout of DESIGN.md and names the version that should be served.
+"""Reads the checkpoint layout (docs/checkpoints.md) and names the version that should be served.
 
 ```
 <checkpoint_dir>/<run>/checkpoint                          newest run = newest mtime of this file

@@ -1,8 +1,9 @@
 """ctypes binding of libserving_processor.so for the C ABI tests and benchmark.
 
 Used in-process (the library then joins the caller's interpreter) and as a script run in a
-subprocess, where it drives scenarios against a stand-in Python module
-(``SERVING_PROCESSOR_MODULE=c_abi_fake_abi``) or under LeakSanitizer::
+subprocess, where it drives scenarios against the stand-in Python module c_abi_fake_abi (LIB is
+then the test build, ``cpp_processor/build/testing/libserving_processor.so``) or under
+LeakSanitizer::
 
     python tests/e2e/c_abi_ctypes.py LIB SCENARIO [CONFIG_FILE [REQUEST_FILE]]
 

@@ -1,14 +1,18 @@
 """A stand-in for ``processor.abi`` used by the C ABI tests and the overhead benchmark.
 
-Load it into libserving_processor.so with ``SERVING_PROCESSOR_MODULE=c_abi_fake_abi`` (and this
-directory on ``PYTHONPATH``). It needs no model: ``process`` echoes the request (or returns a
-fixed response of a chosen size), so what is measured or tested is the library itself.
+The test build of the library, ``cpp_processor/build/testing/libserving_processor.so``, imports
+it instead of ``processor.abi`` (put this directory on ``PYTHONPATH``); the production library
+always imports ``processor.abi``. It needs no model: ``process`` echoes the request (or returns
+a fixed response of a chosen size), so what is measured or tested is the library itself.
 ``initialize`` takes a JSON config with optional keys:
 
-* ``"fail"``: a message; initialize raises a ProcessorError-like error (code 400) with it.
+* ``"fail"``: a message; initialize raises a ProcessorError-like error (status 400) with it.
 * ``"crash"``: initialize raises a plain RuntimeError with this text.
-* ``"misbehave"``: ``"raise"`` (process raises), ``"badtype"`` (returns a list),
-  ``"badpayload"`` (payload is an int), ``"badstatus"`` (status is a str).
+* ``"misbehave"``: ``"raise"`` (process and batch_process raise), ``"badtype"`` (process returns
+  a list, batch_process a list of the wrong length), ``"badpayload"`` (payload is an int),
+  ``"badstatus"`` (status is a str), ``"status413"`` / ``"status299"`` (statuses processor.h
+  does not define), ``"raise504"`` / ``"raise404"`` (process raises a ProcessorError-like
+  error whose STATUS_TABLE row says 504 / 404).
 * ``"response_size"``: process returns this many bytes instead of echoing.
 * ``"model_path"``: what get_serving_model_info reports; ``"@thread_states"`` reports the
   number of Python thread states of the interpreter instead (to check that the library deletes
@@ -19,16 +23,18 @@ from __future__ import annotations
 
 import json
 import threading
+from types import SimpleNamespace
 
 ABI_VERSION = 1
 
 
 class FakeError(Exception):
-    """Duck-types processor.errors.ProcessorError: an int ``code`` and a str ``message``."""
+    """Duck-types processor.errors.ProcessorError: a str ``message`` and ``edge.c_abi``, the
+    status of its STATUS_TABLE row."""
 
-    def __init__(self, message: str, code: int) -> None:
+    def __init__(self, message: str, c_abi: int) -> None:
         super().__init__(message)
-        self.code = code
+        self.edge = SimpleNamespace(c_abi=c_abi)
         self.message = message
 
 
@@ -75,6 +81,14 @@ def process(handle: Handle, data: bytes):
         return 200, 12345
     if m == "badstatus":
         return "200", bytes(data)
+    if m == "status413":
+        return 413, b"request too large"
+    if m == "status299":
+        return 299, "odd"
+    if m == "raise504":
+        raise FakeError("deadline passed", 504)
+    if m == "raise404":
+        raise FakeError("no such signature", 404)
     return _one(handle, data)
 
 

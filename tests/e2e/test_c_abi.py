@@ -3,7 +3,9 @@
 The library and the example host are built once per session with scripts/build_native.sh
 (cmake). The host runs as a subprocess (it starts its own embedded interpreter); the ctypes
 tests load the library into this pytest process, where it joins the running interpreter.
-The model is the demo CTR model (small preset) from tests/conftest.py.
+The model is the demo CTR model (small preset) from tests/conftest.py. Tests that need a
+Python side misbehaving on purpose use the test build build/testing/libserving_processor.so,
+which imports the stand-in c_abi_fake_abi instead of processor.abi (cpp_processor/README.md).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ BATCH = 4  # examples per request
 def _env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    for key in ("SERVING_PROCESSOR_MODULE", "PYTHONMALLOC", "LD_PRELOAD"):
+    for key in ("PYTHONMALLOC", "LD_PRELOAD"):
         env.pop(key, None)
     env.update(extra)
     return env
@@ -73,8 +75,9 @@ def native_build() -> dict[str, Path]:
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"build failed:\n{proc.stdout}\n{proc.stderr}"
     paths = {"lib": BUILD / "libserving_processor.so", "host": BUILD / "processor_host",
-             "host_lsan": BUILD / "processor_host_lsan"}
-    assert paths["lib"].exists() and paths["host"].exists()
+             "host_lsan": BUILD / "processor_host_lsan",
+             "lib_testing": BUILD / "testing" / "libserving_processor.so"}
+    assert paths["lib"].exists() and paths["host"].exists() and paths["lib_testing"].exists()
     return paths
 
 
@@ -119,10 +122,10 @@ def ort_files(tmp_path_factory) -> dict:
     return {"dir": d, "config": d / "config.json", "request": d / "request.pb"}
 
 
-def run_host(native_build, files, *args: str, host: str = "host", env=None,
+def run_host(native_build, files, *args: str, host: str = "host", lib: str = "lib", env=None,
              timeout: int = 300) -> subprocess.CompletedProcess:
-    cmd = [str(native_build[host]), "--config", str(files["config"]), "--request", str(files["request"]),
-           *args]
+    cmd = [str(native_build[host]), "--lib", str(native_build[lib]), "--config", str(files["config"]),
+           "--request", str(files["request"]), *args]
     return subprocess.run(cmd, cwd=files["dir"], env=env or _env(), capture_output=True, text=True,
                           timeout=timeout)
 
@@ -183,8 +186,8 @@ def test_host_thread_states_are_released(native_build, tmp_path):
     (tmp_path / "c.json").write_text(json.dumps({"model_path": "@thread_states"}))
     (tmp_path / "r.pb").write_bytes(b"payload")
     files = {"config": tmp_path / "c.json", "request": tmp_path / "r.pb", "dir": tmp_path}
-    env = _env(SERVING_PROCESSOR_MODULE="c_abi_fake_abi", PYTHONPATH=str(HERE))
-    proc = run_host(native_build, files, "--threads", "8", "--calls", "2000", env=env)
+    env = _env(PYTHONPATH=str(HERE))
+    proc = run_host(native_build, files, "--threads", "8", "--calls", "2000", lib="lib_testing", env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     res = _result(proc.stdout)
     assert res["errors"] == 0 and res["mismatches"] == 0
@@ -299,18 +302,19 @@ def test_ctypes_finalize_then_calls_are_rejected(native, ctr_files):
 # --- a misbehaving Python side never crashes the host -------------------------------------
 
 
-def _run_ctypes_script(native_build, *args: str, env: dict[str, str],
-                       timeout: int) -> subprocess.CompletedProcess:
+def _run_ctypes_script(native_build, *args: str, env: dict[str, str], timeout: int,
+                       lib: str = "lib") -> subprocess.CompletedProcess:
     """tests/e2e/c_abi_ctypes.py with ``args``, in a fresh python, against the built library."""
-    return subprocess.run([sys.executable, str(HERE / "c_abi_ctypes.py"), str(native_build["lib"]), *args],
+    return subprocess.run([sys.executable, str(HERE / "c_abi_ctypes.py"), str(native_build[lib]), *args],
                           env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def _run_fake_abi(native_build, tmp_path: Path, mode: str, config: dict) -> subprocess.CompletedProcess:
-    """c_abi_ctypes.py ``mode`` with the stand-in module c_abi_fake_abi, configured by ``config``."""
+    """c_abi_ctypes.py ``mode`` with the stand-in module c_abi_fake_abi (the test build of the
+    library), configured by ``config``."""
     (tmp_path / "c.json").write_text(json.dumps(config))
-    return _run_ctypes_script(native_build, mode, str(tmp_path / "c.json"), timeout=120,
-                              env=_env(SERVING_PROCESSOR_MODULE="c_abi_fake_abi", PYTHONPATH=str(HERE)))
+    return _run_ctypes_script(native_build, mode, str(tmp_path / "c.json"), timeout=120, lib="lib_testing",
+                              env=_env(PYTHONPATH=str(HERE)))
 
 
 @pytest.mark.parametrize("misbehave,expected", [
@@ -318,6 +322,14 @@ def _run_fake_abi(native_build, tmp_path: Path, mode: str, config: dict) -> subp
     ("badtype", [500, "[serving_processor] processor.abi.process returned list, expected a (status, payload) tuple"]),
     ("badpayload", [500, "[serving_processor] processor.abi.process returned a payload of type int, expected bytes"]),
     ("badstatus", [500, "[serving_processor] processor.abi.process returned an invalid status"]),
+    # statuses processor.h does not document never reach the host: 500, the message kept
+    ("status413", [500, "[serving_processor] processor.abi.process returned status 413, which processor.h "
+                        "does not define: request too large"]),
+    ("status299", [500, "[serving_processor] processor.abi.process returned status 299, which processor.h "
+                        "does not define: odd"]),
+    ("raise504", [500, "[serving_processor] processor.abi.process: deadline passed (status 504, which "
+                       "processor.h does not define)"]),
+    ("raise404", [404, "no such signature"]),  # an error's status is its STATUS_TABLE row's c_abi
 ])
 def test_python_side_misbehaving(native_build, tmp_path, misbehave, expected):
     proc = _run_fake_abi(native_build, tmp_path, "fake_misbehave", {"misbehave": misbehave})
@@ -326,6 +338,37 @@ def test_python_side_misbehaving(native_build, tmp_path, misbehave, expected):
     assert res["process"] == expected
     assert res["info"][0] == 200
     assert res["after_finalize"] == 400
+    # every 500 the library makes is logged once (Python logging, logger "serving_processor"),
+    # an exception with its traceback; an error status Python chose is not logged again here
+    logged = [line for line in proc.stderr.splitlines() if line.startswith("[serving_processor] ")]
+    # (in "raise" and "badtype" batch_process misbehaves too)
+    want = {"raise": 2, "badtype": 2}.get(misbehave, 1 if expected[0] == 500 else 0)
+    assert len(logged) == want, proc.stderr
+    if expected[1].startswith("[serving_processor] "):
+        assert logged[0] == expected[1]
+    if misbehave == "raise":  # one record per failed call, each with the traceback
+        assert logged == ["[serving_processor] processor.abi.process raised ValueError: boom",
+                          "[serving_processor] processor.abi.batch_process raised ValueError: boom"]
+        assert proc.stderr.count("Traceback (most recent call last)") == 2, proc.stderr
+        assert 'raise ValueError("boom")' in proc.stderr
+    elif misbehave == "raise504":  # an exception: the record has its traceback
+        assert proc.stderr.count("Traceback (most recent call last)") == 1, proc.stderr
+    else:
+        assert "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_production_library_always_loads_processor_abi(native_build, tmp_path):
+    """No environment variable swaps the module: with the old test hook set, the production
+    library still runs processor.abi (which refuses the stand-in's config as a real config)."""
+    (tmp_path / "c.json").write_text(json.dumps({"model_path": "/fake/model.ckpt-1"}))
+    env = _env(SERVING_PROCESSOR_MODULE="c_abi_fake_abi", PYTHONPATH=str(HERE))
+    proc = _run_ctypes_script(native_build, "fake_init", str(tmp_path / "c.json"), env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    res = _result(proc.stdout)
+    assert res["initialized"] is False and res["state"] == -1
+    assert "model_path" in res["last_error"] or "savedmodel_dir" in res["last_error"], res["last_error"]
+    assert b"SERVING_PROCESSOR_MODULE" not in native_build["lib"].read_bytes()
+    assert b"c_abi_fake_abi" not in native_build["lib"].read_bytes()
 
 
 @pytest.mark.parametrize("config,message", [
