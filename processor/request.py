@@ -13,15 +13,14 @@ version or a label (``version_labels`` of the model's deployment entry), never b
 that is not the served one is NOT_FOUND ("Servable not found for request: Specific(name, N)"),
 an unknown label INVALID_ARGUMENT, both as TF Serving answers them.
 
-Immutable values; pure functions; thread-safe.
+Immutable values (named tuples: built per request, so cheap to make); pure functions; thread-safe.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, NamedTuple, Union
 
 import numpy as np
 
@@ -36,8 +35,7 @@ Inputs = Union[bytes, bytearray, memoryview, Mapping[str, np.ndarray],
                Callable[[Signature], Mapping[str, np.ndarray]]]
 
 
-@dataclass(frozen=True, slots=True)
-class PredictCall:
+class PredictCall(NamedTuple):
     """What an edge asks. ``deadline``: a ``time.monotonic()`` value (gRPC deadline, HTTP
     timeout header) after which the request is dropped unrun with DEADLINE_EXCEEDED.
     ``output_filter``: the outputs wanted, by alias or tensor name (arrays and decoders only:
@@ -52,8 +50,7 @@ class PredictCall:
     deadline: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class PredictResult:
+class PredictResult(NamedTuple):
     """What served a call and what it answered: ``outputs`` is PredictResponse bytes (or the
     signature JSON when ``introspection``) for serialized inputs, else arrays by output key."""
 
@@ -67,8 +64,7 @@ class PredictResult:
         return version_number(self.version)
 
 
-@dataclass(frozen=True, slots=True)
-class Served:
+class Served(NamedTuple):
     """What serves a model (metadata calls): its version, signature and engine name."""
 
     version: Any  # processor's ModelVersion
