@@ -174,16 +174,36 @@ def test_write_errors_are_counted_never_raised(tmp_path):
 
 
 def test_a_slow_store_drops_traces_instead_of_blocking(tmp_path, monkeypatch):
+    from processor.tracing.tracer import _QUEUE_SIZE
+
     tracer = Tracer("m", 0, 1, 100, str(tmp_path))
     release = threading.Event()
-    monkeypatch.setattr(tracer._sink, "write", lambda name, data: release.wait(10))
-    started = time.monotonic()
-    for _ in range(80):
-        tracer.submit(_recorder(tracer))
-    assert time.monotonic() - started < 5
-    assert tracer.stats["dropped"] >= 80 - 64 - 1
+    writing = threading.Event()
+
+    def stuck_write(name, data):
+        writing.set()
+        release.wait(60)
+
+    monkeypatch.setattr(tracer._sink, "write", stuck_write)
+    tracer.submit(_recorder(tracer))
+    assert writing.wait(30)  # the writer is stuck in the store with the first trace
+
+    def submit_more():
+        for _ in range(79):
+            tracer.submit(_recorder(tracer))
+
+    submitter = threading.Thread(target=submit_more)
+    submitter.start()
+    # Hang detector, not a timing assert: 79 submits take milliseconds; one that waited for
+    # the stuck write would still be waiting here (the write waits for `release`).
+    submitter.join(30)
+    blocked = submitter.is_alive()
     release.set()
+    submitter.join()
+    assert not blocked, "submit blocked on the stuck store"
+    assert tracer.stats["dropped"] == 79 - _QUEUE_SIZE  # the queue filled; the rest were dropped
     assert tracer.flush(10)
+    assert tracer.stats["written"] == 1 + _QUEUE_SIZE
     tracer.close()
 
 
