@@ -1,8 +1,9 @@
-"""GPU discovery and the per-session device assignment (pure functions, testable without a GPU).
+"""GPU discovery and the per-lane device assignment (pure functions, testable without a GPU).
 
 Numbering: ``gpu_ids_list`` uses TensorFlow-visible ids, i.e. CUDA ordinals after
-``CUDA_VISIBLE_DEVICES``. ``session_num`` sessions run on every listed GPU, so a group has
-``session_num * len(gpu_ids_list)`` lanes, GPU-major (lane ``g * session_num + s``).
+``CUDA_VISIBLE_DEVICES``. ``session_num`` lanes (DeepRec's sessions) run on every listed GPU, so
+a group has ``session_num * len(gpu_ids_list)`` lanes, GPU-major (lane ``g * session_num + k`` is
+lane ``k`` of GPU ``g``).
 
 ``use_multi_stream``:
 
@@ -106,10 +107,10 @@ def assign_devices(gpu_ids: tuple[int, ...] | list[int], session_num: int, use_m
                           f"(valid ids: 0..{visible_gpus - 1}, TensorFlow-visible numbering)")
     lanes = []
     for g_index, gpu in enumerate(gpu_ids):
-        for s in range(session_num):
-            lane = g_index * session_num + s
-            if use_multi_stream:
-                lanes.append(LaneDevice(lane, gpu, s, f"/device:GPU:{lane}", lane))
+        for lane_on_gpu in range(session_num):
+            lane = g_index * session_num + lane_on_gpu
+            if use_multi_stream:  # the lane's own stream on its GPU
+                lanes.append(LaneDevice(lane, gpu, lane_on_gpu, f"/device:GPU:{lane}", lane))
             else:
                 lanes.append(LaneDevice(lane, gpu, 0, f"/device:GPU:{g_index}", g_index))
     return DevicePlan(tuple(lanes), gpu_ids, use_multi_stream)

@@ -1,4 +1,4 @@
-"""Session selection policies (DeepRec's ``select_session_policy``).
+"""Lane selection policies (DeepRec's ``select_session_policy``: a lane is what DeepRec calls a session).
 
 * ``MOD``: each calling OS thread gets a sticky id from a process-wide counter on its first call;
   it always uses lane ``id % lanes``. A fixed pool of N worker threads maps onto the lanes
