@@ -1,7 +1,7 @@
 """Builders of the project's demo and test models.
 
-Two models, both laid out the way the serving processor expects them (see the "Checkpoints,
-versions, hot update" section of the design guide):
+Two models, both laid out the way the serving processor expects them (see docs/checkpoints.md
+and the README's "Hot update, rollback" section):
 
 - the toy (:mod:`demo.toy_model`): DeepRec's end-to-end example ``y = a*x + b``, exported from
   TF1 graph mode or from a TF2 ``tf.Module``;
