@@ -53,12 +53,3 @@ def test_apply_plan_sets_devices(demo_graph_def):
     devices = {n.name: n.device for n in copy.node}
     assert all(devices[n] == "/device:CPU:0" for n in _ops(copy, "ResourceGather"))
     assert all(devices[n] == "/device:GPU:1" for n in _ops(copy, "MatMul"))
-
-
-def test_placement_in_model_info_without_a_gpu(ctr_model_small, make_processor):
-    from conftest import model_config
-
-    p = make_processor(model_config(ctr_model_small, enable_device_placement_optimization=True))
-    report = p.model_info()["session_group"]["device_placement"]
-    assert report["enabled"] and report["applied"] is False and "no GPU" in report["note"]
-    assert len(report["embedding_tables"]) == 26 and report["cpu_op_count"] > 26
