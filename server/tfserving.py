@@ -1,6 +1,6 @@
 """TensorFlow Serving semantics shared by the REST and gRPC front-ends (transport-neutral).
 
-* Version numbers: a served :class:`~processor.store.checkpoint_layout.ModelVersion` is TF
+* Version numbers: a served :class:`~processor.store.model_version.ModelVersion` is TF
   Serving version ``full_step`` (the full checkpoint's global step), ``0`` when parameters come
   from the SavedModel's own variables. One version per model is served at a time.
 * A request may name a version or a label (``version_labels`` of the deployment), never both;
@@ -18,7 +18,7 @@ from typing import Any
 
 from processor.errors import InvalidArgument, NotFound
 from processor.signature import Signature
-from processor.store.checkpoint_layout import ModelVersion
+from processor.store.model_version import ModelVersion
 
 PREDICT_METHOD = "tensorflow/serving/predict"
 

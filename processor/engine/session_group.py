@@ -20,7 +20,7 @@ from ..checkpoint.delta import Delta
 from ..config import ModelConfig
 from ..errors import ConfigError
 from ..signature import Signature
-from ..store.checkpoint_layout import ModelVersion
+from ..store.model_version import ModelVersion
 from ..tracing.events import EngineTrace
 from ..wire_codec import WireCodec
 from .backend import Backend

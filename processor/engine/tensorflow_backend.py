@@ -29,7 +29,7 @@ from ..config import ModelConfig, shorten
 from ..errors import Internal, InvalidArgument, NotFound, ProcessorError
 from ..checkpoint.delta import Delta, VariableInfo, read_delta
 from ..features.ev_checkpoint import StoreDelta, TableSource, read_store_delta
-from ..store.checkpoint_layout import ModelVersion
+from ..store.model_version import ModelVersion
 from . import device_plan, embedding_lookup, lane_graphs, pinning
 from .tf_signature import SERVE_TAGS, signature_from_def
 from .tf_variables import VariableUpdater

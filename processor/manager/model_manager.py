@@ -37,8 +37,9 @@ from ..config import ModelConfig
 from ..engine.session_group import SessionGroup, open_session_group
 from ..features import open_feature_store
 from ..errors import NotFound, ProcessorError, Unavailable, as_processor_error
-from ..store.checkpoint_layout import ModelVersion, latest_version
+from ..store.checkpoint_layout import latest_version
 from ..store.model_store import ModelStore
+from ..store.model_version import ModelVersion
 from ..store.version_watcher import VersionWatcher
 from .servable_handle import ServableHandle
 from .warmup import plan_warmup, read_warmup_file, warm_up

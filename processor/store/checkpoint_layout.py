@@ -28,44 +28,14 @@ from __future__ import annotations
 
 import posixpath
 import re
-from dataclasses import dataclass
 
 from ..errors import ConfigError, NotFound, Unavailable
 from .model_store import ModelStore
+from .model_version import ModelVersion
 
 DELTA_DIRS = (".incremental_checkpoint", ".incremental_ckpt")
 _STEP = re.compile(r"^(?P<prefix>.+)-(?P<step>\d+)\.index$")
 _SHARD = re.compile(r"\.data-(\d{5})-of-(\d{5})$")
-
-
-@dataclass(frozen=True, order=True)
-class ModelVersion:
-    """What to serve: a full checkpoint plus, optionally, deltas after it.
-
-    ``full_step == -1`` means parameters come from the SavedModel's own variables.
-    ``delta_step`` / ``delta_prefix`` name the last delta; ``delta_chain`` every delta to apply,
-    in order, as (step, prefix): the last one alone for cumulative deltas, every delta of the
-    full up to ``delta_step`` for chained ones. Ordered by (full_step, delta_step).
-    """
-
-    full_step: int
-    delta_step: int
-    full_prefix: str = ""
-    delta_prefix: str = ""
-    savedmodel_dir: str = ""
-    run_dir: str = ""
-    delta_chain: tuple[tuple[int, str], ...] = ()
-
-    @property
-    def is_version_dir(self) -> bool:
-        """True for a version directory of TF Serving's layout (see the module doc)."""
-        return self.full_step >= 0 and not self.full_prefix
-
-    @property
-    def label(self) -> str:
-        if self.full_step < 0:
-            return "savedmodel"
-        return f"{self.full_step}" if self.delta_step < 0 else f"{self.full_step}+{self.delta_step}"
 
 
 def find_savedmodel(store: ModelStore, savedmodel_dir: str) -> str:

@@ -27,7 +27,7 @@ from ..errors import ConfigError, Unavailable
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
-    from .checkpoint_layout import ModelVersion
+    from .model_version import ModelVersion
 
 CACHE_ROOT = os.path.join(tempfile.gettempdir(), "serving-processor-cache")
 

@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from .checkpoint_layout import ModelVersion
+from .model_version import ModelVersion
 
 log = logging.getLogger(__name__)
 

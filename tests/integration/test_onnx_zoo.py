@@ -73,7 +73,7 @@ def test_embedding_delta_reaches_the_served_graph(zoo):
     from processor.checkpoint.delta import Delta
     from processor.config import ModelConfig
     from processor.engine.session_group import open_session_group
-    from processor.store.checkpoint_layout import ModelVersion
+    from processor.store.model_version import ModelVersion
 
     paths = zoo("embedding_module")
     config = ModelConfig.from_dict(ort_config(paths, session_num=2))
@@ -138,7 +138,7 @@ def test_tf2_toy_converts_on_the_tf2_path_and_takes_deltas(toy_model_tf2):
     from processor.checkpoint.delta import Delta
     from processor.config import ModelConfig
     from processor.engine.session_group import open_session_group
-    from processor.store.checkpoint_layout import ModelVersion
+    from processor.store.model_version import ModelVersion
 
     config = ModelConfig.from_dict(ort_config(toy_model_tf2, session_num=2))
     version = ModelVersion(1, -1, full_prefix=str(toy_model_tf2.latest_checkpoint_prefix),

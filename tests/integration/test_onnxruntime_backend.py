@@ -156,7 +156,7 @@ def test_parameter_updates_reach_every_session_like_tensorflow(ctr_model_small):
     from demo.synthetic_data import synthetic_batch
     from processor.config import ModelConfig
     from processor.engine.session_group import open_session_group
-    from processor.store.checkpoint_layout import ModelVersion
+    from processor.store.model_version import ModelVersion
 
     paths = ctr_model_small
     config = ModelConfig.from_dict(ort_config(paths, session_num=3))
@@ -203,7 +203,7 @@ def test_delta_is_applied_in_place(toy_model):
     from processor.checkpoint.delta import Delta
     from processor.config import ModelConfig
     from processor.engine.session_group import open_session_group
-    from processor.store.checkpoint_layout import ModelVersion
+    from processor.store.model_version import ModelVersion
 
     config = ModelConfig.from_dict(ort_config(toy_model, session_num=2))
     version = ModelVersion(1, -1, full_prefix=str(toy_model.latest_checkpoint_prefix),

@@ -66,7 +66,7 @@ import numpy as np
 from ...checkpoint.delta import CheckpointError, Delta, VariableInfo, read_delta
 from ...config import ModelConfig
 from ...errors import ConfigError, Internal, InvalidArgument, ProcessorError
-from ...store.checkpoint_layout import ModelVersion
+from ...store.model_version import ModelVersion
 from .. import device_plan, pinning
 from ..string_hash import fingerprint
 from . import native_engine, profile

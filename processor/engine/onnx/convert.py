@@ -42,7 +42,7 @@ import numpy as np
 
 from ...errors import Internal
 from ...signature import Signature
-from ...store.checkpoint_layout import ModelVersion
+from ...store.model_version import ModelVersion
 from .signature import signature_from_manifest, signature_of_onnx, signature_to_manifest
 from .weights import externalize_parameters, read_parameters
 from .from_tensorflow import OPSET, convert_savedmodel

@@ -39,7 +39,7 @@ import numpy as np
 
 from ...config import shorten
 from ...errors import ConfigError, Internal, NotFound, ProcessorError
-from ...store.checkpoint_layout import ModelVersion
+from ...store.model_version import ModelVersion
 from ..tf_signature import SERVE_TAGS, signature_from_def
 from .check import check_against_tensorflow
 from .hash_rewrite import CONTRIB_DOMAIN, rewrite_string_hashing

@@ -27,7 +27,7 @@ def _group(paths, plan: gpu.DevicePlan, **overrides):
     from processor.config import ModelConfig
     from processor.engine.session_group import SessionGroup
     from processor.engine.tensorflow_backend import TensorFlowBackend
-    from processor.store.checkpoint_layout import ModelVersion
+    from processor.store.model_version import ModelVersion
 
     config = ModelConfig.from_dict(model_config(paths, session_num=len(plan.lanes), **overrides))
     version = ModelVersion(paths.steps[-1], -1, full_prefix=str(paths.latest_checkpoint_prefix),
