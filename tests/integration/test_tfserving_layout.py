@@ -8,7 +8,6 @@ number, and TF Serving's model status reports it.
 
 import os
 import shutil
-import time
 
 import numpy as np
 import pytest
@@ -126,7 +125,9 @@ def test_newest_serves_and_a_new_version_is_picked_up(backend, versions, tmp_pat
     # a directory being written is ignored; once complete it serves
     (base / "3").mkdir()
     shutil.copy(versions / "3" / "saved_model.pb", base / "3")
-    time.sleep(POLL * 5)
+    polls = p.model_info()["watcher"]["polls"]
+    # Not a sleep: the watcher has looked at the incomplete directory (a whole poll round since).
+    assert wait_for(timeout=30, predicate=lambda: p.model_info()["watcher"]["polls"] >= polls + 2)
     assert label(p) == "2" and predict(p) == [[3.0]]
     shutil.copytree(versions / "3" / "variables", base / "3" / "variables")
     assert wait_for(timeout=30, predicate=lambda: label(p) == "3"), p.model_info()
