@@ -3,7 +3,7 @@
 Served at ``/metrics`` and at TF Serving's ``/monitoring/prometheus/metrics`` on the HTTP port.
 
 Per request (labels ``model``, ``version``, ``protocol``, ``api``): count by status code, errors,
-latency histogram, requests in flight. Per model, read from the managers at scrape time: ready,
+latency histogram, requests in flight. Per model, read from its :class:`~processor.served_model.ServedModel` at scrape time: ready,
 served version, full loads / deltas / failed updates (the watcher's included) and the duration of
 the last update of each kind. Batching (models with ``batching``), read at scrape time: merged
 batch sizes and queue waits (histograms), queue depth, and refused / expired / isolated requests.
@@ -14,7 +14,7 @@ through :meth:`ServerMetrics.observe_feature_store`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -28,9 +28,8 @@ _UPDATE_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
 class _ModelStateCollector(Collector):
-    def __init__(self, managers: Callable[[], Mapping[str, Any]],
-                 batching: Callable[[], Mapping[str, dict | None]] | None = None) -> None:
-        self._managers = managers
+    def __init__(self, models: Callable[[], Iterable[Any]]) -> None:
+        self._models = models
 
     def collect(self):
         ready = GaugeMetricFamily("sp_model_ready", "1 when the model serves a version", labels=["model"])
@@ -43,12 +42,13 @@ class _ModelStateCollector(Collector):
                                      labels=["model"])
         last = GaugeMetricFamily("sp_model_last_update_seconds", "duration of the last update",
                                  labels=["model", "kind"])
-        for name, manager in self._managers().items():
-            ready.add_metric([name], 1.0 if manager.ready else 0.0)
-            served = manager.served_version()
+        for model in self._models():
+            name = model.name
+            ready.add_metric([name], 1.0 if model.ready else 0.0)
+            served = model.served_version()
             if served is not None:
                 version.add_metric([name, served.label], float(served.full_step))
-            stats = getattr(manager, "stats", None) or {}
+            stats = model.stats
             for family, key in ((full, "full_loads"), (deltas, "delta_updates"), (failed, "failed_updates")):
                 if stats.get(key) is not None:
                     family.add_metric([name], float(stats[key]))
@@ -96,8 +96,10 @@ def _le(bound: float | str) -> str:
 class ServerMetrics:
     """See the module doc. Thread-safe (prometheus_client metrics are)."""
 
-    def __init__(self, managers: Callable[[], Mapping[str, Any]],
+    def __init__(self, models: Callable[[], Iterable[Any]],
                  batching: Callable[[], Mapping[str, dict | None]] | None = None) -> None:
+        """``models``: the served models (:class:`~processor.served_model.ServedModel`), read at
+        each scrape; ``batching``: their batching info by name."""
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter("sp_requests", "requests by final status code",
@@ -116,7 +118,7 @@ class ServerMetrics:
         self.feature_store_latency = Histogram("sp_feature_store_latency_seconds",
                                                "feature store lookups", ["model", "store", "op"],
                                                buckets=_LATENCY_BUCKETS, registry=r)
-        r.register(_ModelStateCollector(managers))
+        r.register(_ModelStateCollector(models))
         if batching is not None:
             r.register(_BatchingCollector(batching))
 

@@ -46,7 +46,7 @@ class ServingRuntime:
         self.models = ModelRegistry.from_deployment(deployment, managers)  # the environment first
         self.dataplane = DataPlane(self.models)
         self.gate = DrainGate()
-        self.metrics = ServerMetrics(lambda: {m.name: m for m in self.models}, self._batching_info)
+        self.metrics = ServerMetrics(lambda: self.models, self._batching_info)
         self.admin_token = deployment.resolved_admin_token()
         self.access_log = deployment.access_log
         self._executors = {
