@@ -1,7 +1,9 @@
 """ServingRuntime: what both transports share (models, DataPlane, threads, drain, metrics, admin).
 
-Built once by the composition root (:mod:`server.app`) from a
-:class:`~processor.deployment.DeploymentConfig`. Transports stay thin: they parse their wire
+Built once by :mod:`server.app` from a :class:`~processor.deployment.DeploymentConfig`: its
+models are a :class:`~processor.served_model.ModelRegistry` (each model composed once, as the C
+ABI's Processor composes its one), its requests go through one
+:class:`~processor.dataplane.DataPlane`. Transports stay thin: they parse their wire
 format, wrap the call in :meth:`ServingRuntime.track` (drain gate, metrics, access log), run the
 DataPlane call (HTTP: on the model's own thread pool, off the event loop), and map a
 :class:`~processor.errors.ProcessorError` once through ``STATUS_TABLE``.
