@@ -1,7 +1,8 @@
 /*
  * runtime.c -- the embedded interpreter and the Python thread states of the host's threads.
  *
- * Embedding rules (each measured when the library was written; the reasons are given per rule):
+ * Embedding rules (what a host sees of them is include/processor.h's "Embedded Python"; the
+ * reason for each is given with it):
  *  - libpython is promoted to RTLD_GLOBAL before Python starts, so extension modules resolve
  *    their Py* symbols even when the host dlopen()ed us with RTLD_LOCAL;
  *  - the interpreter is started only if the process has none, with PyConfig.executable set
