@@ -29,8 +29,9 @@
  * statuses are the c_abi column of processor/errors.py's STATUS_TABLE); the library itself
  * only produces 400 for bad C arguments and 500 for its own failures -- including a status
  * outside the list above coming from Python -- and those messages start with
- * "[serving_processor]". Every 500 is logged once, through Python's logging, with the Python
- * traceback when there is one (cpp_processor/README.md, "Errors and logs").
+ * "[serving_processor]". Every 500 is logged once, through Python's logging (plain stderr when
+ * Python cannot log), with the Python traceback when there is one (cpp_processor/README.md,
+ * "Errors and logs"); 400, 404 and 503 are the caller's or expected, and not logged.
  *
  * ---------------------------------------------------------------------------------------
  * Ownership
