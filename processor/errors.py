@@ -135,9 +135,9 @@ def edge_error(exc: BaseException, edge: str, logger: logging.Logger) -> Process
     * INTERNAL (a bug or an engine failure): one ERROR record on ``logger`` with ``exc``'s
       traceback (``exc_info``; a wrapper's record shows its cause's traceback first, as
       Python chains them), the edge name and the message (``extra``: ``edge``, ``status``).
-      The first exception of the ``__cause__`` chain is marked, so the same failure reaching
-      an edge again (one engine failure shared by the requests of a merged batch, each
-      wrapped on its own; a cached failure) is logged at DEBUG only.
+      The original exception (the end of the ``__cause__`` chain) is marked, so the same
+      failure reaching an edge again (one engine failure shared by the requests of a merged
+      batch, each wrapped on its own; a cached failure) is logged at DEBUG only.
     * Every other code is the caller's problem or an expected condition (4xx-class,
       UNAVAILABLE, DEADLINE_EXCEEDED): it is answered, not logged above DEBUG.
 
@@ -145,9 +145,10 @@ def edge_error(exc: BaseException, edge: str, logger: logging.Logger) -> Process
     """
     err = as_processor_error(exc)
     if err.code != StatusCode.INTERNAL:
-        logger.debug("%s: %s: %s", edge, err.code.name, err.message, extra={"edge": edge, "status": err.code.name})
+        logger.debug("%s: %s: %s", edge, err.code.name, err.message,
+                     extra={"edge": edge, "status": err.code.name})
         return err
-    origin = exc  # the first exception of the chain: what gets marked as logged
+    origin = exc  # the original exception, the end of the __cause__ chain: what gets marked
     seen = {id(origin)}
     while origin.__cause__ is not None and id(origin.__cause__) not in seen:
         origin = origin.__cause__
@@ -159,8 +160,8 @@ def edge_error(exc: BaseException, edge: str, logger: logging.Logger) -> Process
         first = True
     extra = {"edge": edge, "status": err.code.name}
     if first:
-        logger.error("%s: internal error: %s", edge, err.message, exc_info=(type(exc), exc, exc.__traceback__),
-                     extra=extra)
+        logger.error("%s: internal error: %s", edge, err.message,
+                     exc_info=(type(exc), exc, exc.__traceback__), extra=extra)
     else:
         logger.debug("%s: internal error (traceback logged before): %s", edge, err.message, extra=extra)
     return err
