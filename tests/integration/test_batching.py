@@ -15,6 +15,7 @@ import pytest
 
 from conftest import model_config
 from processor import codec
+from sp_checks import wait_for
 
 CTR_BATCHING = {"max_batch_size": 16, "batch_timeout_micros": 5000, "num_batch_threads": 2}
 
@@ -229,11 +230,16 @@ def test_deltas_under_batched_load_zero_failures_one_version_per_batch(trainer, 
         trainer.train(3)
         trainer.save_delta()
         references.append([trainer.predict(f)["logits"] for f in rows])
-    landed = time.monotonic() + 30
-    while time.monotonic() < landed and not all(
-            p.model_info()["version"]["label"].endswith(f"+{trainer.step}") for p in (singles_p, groups_p)):
-        time.sleep(0.05)
-    time.sleep(0.3)  # a few answers from the last version
+    assert wait_for(lambda: all(p.model_info()["version"]["label"].endswith(f"+{trainer.step}")
+                                for p in (singles_p, groups_p)), timeout=30), "the last delta never served"
+    landed_singles, landed_groups = len(singles), len(groups)
+
+    def answered_since_landing(k: int) -> list:
+        return [logits for i, logits in singles[landed_singles:] if i == k]
+
+    # a few answers from the last version: two per client (its first may have started before)
+    assert wait_for(lambda: all(len(answered_since_landing(k)) >= 2 for k in range(4))
+                    and len(groups) >= landed_groups + 2, timeout=30), "no answers after the last delta"
     stop.set()
     for c in clients:
         c.join()
@@ -241,6 +247,12 @@ def test_deltas_under_batched_load_zero_failures_one_version_per_batch(trainer, 
     assert singles_p.model_info()["updates"]["delta_updates"] >= 1
     for k, logits in singles:
         assert any(np.allclose(logits, ref[k], rtol=1e-5, atol=1e-6) for ref in references)
+    for k in range(4):  # started after the last delta served: its values
+        for logits in answered_since_landing(k)[1:]:
+            np.testing.assert_allclose(logits, references[-1][k], rtol=1e-5, atol=1e-6)
+    for answers in groups[landed_groups + 1:]:
+        for k, a in enumerate(answers):
+            np.testing.assert_allclose(a, references[-1][k], rtol=1e-5, atol=1e-6)
     assert groups and groups_p.model_info()["batching"]["batches"] == len(groups)  # one merged call each
     for answers in groups:
         assert any(all(np.allclose(a, ref[k], rtol=1e-5, atol=1e-6) for k, a in enumerate(answers))
