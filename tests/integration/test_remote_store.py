@@ -1,7 +1,6 @@
 """A model served from an S3-compatible object store (a moto server on 127.0.0.1)."""
 
 import os
-import time
 
 import numpy as np
 import pytest
@@ -9,6 +8,7 @@ import pytest
 from conftest import model_config
 from processor import codec
 from processor.proto import predict_pb2
+from sp_checks import wait_for
 
 moto_server = pytest.importorskip("moto.server")
 s3fs = pytest.importorskip("s3fs")
@@ -53,7 +53,5 @@ def test_serves_and_hot_updates_from_the_object_store(toy_model, tmp_path, s3_en
     local_run.mkdir()
     write_toy_checkpoint(local_run, 7, a=1.0, b=1.0)
     upload(fs, local_run, f"{bucket}/toy/checkpoints/run_1")
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and p.model_info()["version"]["full_step"] != 7:
-        time.sleep(0.1)
+    assert wait_for(lambda: p.model_info()["version"]["full_step"] == 7, timeout=30), p.model_info()["version"]
     assert codec.decode_response(p.process(x)[1])["y"].tolist() == [[2.0]]
