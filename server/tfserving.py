@@ -17,13 +17,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from processor.errors import InvalidArgument, NotFound
+from processor.manager.version_state import VersionState
 from processor.signature import Signature
 from processor.store.model_version import ModelVersion
 
 PREDICT_METHOD = "tensorflow/serving/predict"
 
-_STATES = {"new": "START", "loading": "LOADING", "warming": "LOADING", "ready": "AVAILABLE",
-           "failed": "END", "closed": "END"}
+# VersionState -> TF Serving's ModelVersionStatus.State name (a plain state string looks up the same).
+_STATES = {VersionState.NEW: "START", VersionState.LOADING: "LOADING", VersionState.WARMING: "LOADING",
+           VersionState.READY: "AVAILABLE", VersionState.FAILED: "END", VersionState.CLOSED: "END"}
 
 
 def version_number(version: ModelVersion) -> int:

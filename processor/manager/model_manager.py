@@ -12,6 +12,15 @@ Off the request path it reconciles the version the store declares (through the
   keeps serving, the error is recorded in :meth:`info`, and that version is retried with
   exponential backoff; a newer version is tried at once.
 
+The parts, each in its own module: what to do with a version the store names is the pure
+:func:`~processor.manager.policy.next_action`; the steps of a load or a delta (materialize,
+open, apply deltas, warm up, close on failure) are the
+:class:`~processor.manager.loader.VersionLoader`'s; the model's state moves through
+:func:`~processor.manager.version_state.transition`, which refuses a move its table does not
+allow. The manager holds the served handle, the pin, the history and the failures, and swaps.
+The loader and the clock (``monotonic()``, ``sleep()``; the ``time`` module by default) may be
+injected: tests run the manager over fakes.
+
 Rollback: :meth:`rollback` serves the previously served version and pins it; :meth:`pin` serves
 the parameters at a given full or delta step (or TF Serving version number); :meth:`unpin`
 follows the newest again.
@@ -29,51 +38,37 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
-from ..checkpoint.delta import CheckpointError
 from ..config import ModelConfig
-from ..engine.session_group import SessionGroup, open_session_group
+from ..engine.session_group import SessionGroup
 from ..features import open_feature_store
-from ..errors import NotFound, ProcessorError, Unavailable, as_processor_error
+from ..errors import NotFound, ProcessorError, Unavailable
 from ..store.checkpoint_layout import latest_version
 from ..store.model_store import ModelStore
 from ..store.model_version import ModelVersion
 from ..store.version_watcher import VersionWatcher
+from .loader import VersionLoader
+from .policy import Action, Failure, next_action, record_failure
 from .servable_handle import ServableHandle
-from .warmup import plan_warmup, read_warmup_file, warm_up
+from .version_state import VersionState, transition
+from .warmup import read_warmup_file
 
 log = logging.getLogger(__name__)
 
 _INIT_POLL_SECONDS = 1.0
-_MAX_BACKOFF_SECONDS = 300.0
 _HISTORY = 16
-
-
-@dataclass
-class _Failure:
-    attempts: int
-    retry_at: float
-    error: str
-
-
-def needs_full_load(served: ModelVersion, target: ModelVersion) -> bool:
-    """True unless ``target`` is ``served`` plus newer deltas on the same full checkpoint (for
-    chained deltas: the links served must be the start of the target's chain)."""
-    if (served.full_prefix != target.full_prefix or served.full_step != target.full_step
-            or target.delta_step < served.delta_step):
-        return True
-    return len(target.delta_chain) > 1 and target.delta_chain[:len(served.delta_chain)] != served.delta_chain
 
 
 class ModelManager:
     """See the module doc."""
 
-    def __init__(self, name: str, config: ModelConfig, store: ModelStore | None = None) -> None:
+    def __init__(self, name: str, config: ModelConfig, store: ModelStore | None = None,
+                 loader: VersionLoader | None = None, clock: Any = time) -> None:
         self.name = name
         self.config = config
         self.store = store or ModelStore.for_config(config)
+        self._clock = clock
         self._current: ServableHandle | None = None
         self._lock = threading.RLock()
         self._pinned: ModelVersion | None = None
@@ -82,10 +77,10 @@ class ModelManager:
         self._pin_reason: str | None = ("config restore_model_version"
                                         if config.restore_model_version is not None else None)
         self._history: list[ModelVersion] = []
-        self._failures: dict[ModelVersion, _Failure] = {}
+        self._failures: dict[ModelVersion, Failure] = {}
         self._warmup_file: bytes | None = None
         self._watcher: VersionWatcher | None = None
-        self.state = "new"
+        self._state = VersionState.NEW
         self.last_error: str | None = None
         self.last_warmup: dict | None = None
         self.stats = {"full_loads": 0, "delta_updates": 0, "failed_updates": 0,
@@ -93,6 +88,15 @@ class ModelManager:
                       "last_delta_hold_seconds": None}
         # Embedding tables outside TensorFlow (feature_store_type / ev_storage_type); None: in TF.
         self.features = open_feature_store(config, name)
+        self.loader = loader or VersionLoader(config, self.store, self.features)
+
+    @property
+    def state(self) -> VersionState:
+        """The model's :class:`~processor.manager.version_state.VersionState` (a ``str``)."""
+        return self._state
+
+    def _to(self, state: VersionState) -> None:
+        self._state = transition(self._state, state)
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -105,8 +109,10 @@ class ModelManager:
         if self.config.warmup_file_name:
             self._warmup_file = read_warmup_file(self.config.warmup_file_name)
         timeout = self.config.init_timeout_minutes
-        deadline = None if timeout < 0 else time.monotonic() + timeout * 60
+        deadline = None if timeout < 0 else self._clock.monotonic() + timeout * 60
         while True:
+            if self._state is VersionState.CLOSED:
+                raise Unavailable(f"model {self.name!r} was closed before it served a version")
             try:
                 check_store = getattr(self.features, "check_up", None)
                 if check_store is not None:  # a remote store down: fail (or wait) before loading
@@ -115,10 +121,10 @@ class ModelManager:
                 break
             except Unavailable as exc:
                 self._note_error(exc)
-                if deadline is not None and time.monotonic() >= deadline:
+                if deadline is not None and self._clock.monotonic() >= deadline:
                     raise
                 log.info("%s: %s; waiting for a version", self.name, exc)
-                time.sleep(_INIT_POLL_SECONDS)
+                self._clock.sleep(_INIT_POLL_SECONDS)
         self.load(version)
         watched = self.config.checkpoint_dir or version.is_version_dir  # TF Serving's base dir too
         if watched and self.config.file_system_poll_wait_seconds > 0:
@@ -136,17 +142,14 @@ class ModelManager:
     def reconcile(self, target: ModelVersion) -> None:
         """Make ``target`` the served version (full load or delta); keep serving on failure."""
         with self._lock:
-            served = self.served_version()
-            stale = self._pinned is not None and target != self._pinned  # discovered before a pin
-            if served == target or stale or self.state == "closed":
+            if self._state is VersionState.CLOSED:
                 return
-            failure = self._failures.get(target)
-            if failure is not None and time.monotonic() < failure.retry_at:
-                return
+            action = next_action(self.served_version(), target, self._failures, self._pinned,
+                                 self._clock.monotonic())
             try:
-                if served is None or needs_full_load(served, target):
+                if action is Action.LOAD_FULL:
                     self._load_locked(target)
-                else:
+                elif action is Action.APPLY_DELTA:
                     self._apply_delta_locked(target)
             except ProcessorError as err:
                 self._record_failure(target, err)
@@ -154,6 +157,8 @@ class ModelManager:
     def load(self, version: ModelVersion) -> None:
         """Load ``version`` into a new group and swap it in; raise (and keep serving) on failure."""
         with self._lock:
+            if self._state is VersionState.CLOSED:
+                raise Unavailable(f"model {self.name!r} is closed")
             try:
                 self._load_locked(version)
             except ProcessorError as err:
@@ -162,91 +167,56 @@ class ModelManager:
 
     def _load_locked(self, version: ModelVersion) -> None:
         if self._current is None:
-            self.state = "loading"
-        started = time.monotonic()
-        local = self.store.materialize(version)
-        try:
-            group = open_session_group(self.config, local, features=self.features)
-        except Exception as exc:
-            raise as_processor_error(exc) from None
-        group.version = version  # loaded from the local copy; serves (and reports) the store's version
-        try:
-            for delta in self._read_deltas(group.backend, local, None):  # every link checked first
-                group.backend.stage_delta(delta)
-                group.apply_delta(delta, version)
+            self._to(VersionState.LOADING)
+        started = self._clock.monotonic()
+
+        def warming() -> None:
             if self._current is None:
-                self.state = "warming"
-            self.last_warmup = warm_up(group, plan_warmup(group.signature, local.savedmodel_dir,
-                                                          self._warmup_file), config=self.config)
-        except Exception as exc:
-            group.close()
-            err = as_processor_error(exc)
-            raise type(err)(f"version {version.label} rejected: {err.message}", err.code) from None
-        old, self._current = self._current, ServableHandle(group)
+                self._to(VersionState.WARMING)
+
+        try:
+            loaded = self.loader.load(version, self._warmup_file, on_warming=warming)
+        except Exception:
+            if self._current is None:  # LOADING or WARMING: nothing serves
+                self._to(VersionState.FAILED)
+            raise
+        self.last_warmup = loaded.warmup
+        old, self._current = self._current, ServableHandle(loaded.group)
         if old is not None:
             old.retire()
-        self._served(version, "full_loads", "last_full_load_seconds", time.monotonic() - started)
+        self._served(version, "full_loads", "last_full_load_seconds", self._clock.monotonic() - started)
 
     def _apply_delta_locked(self, version: ModelVersion) -> None:
-        started = time.monotonic()
-        handle = self._current
-        local = self.store.materialize(version)
-        deltas = self._read_deltas(handle.group.backend, local, handle.group.version)  # all checked first
-        hold = 0.0
-        for delta in deltas:
-            handle.group.backend.stage_delta(delta)  # rows a shared store holds: written before the gate
-            hold += handle.group.apply_delta(delta, version)
-        self.stats["last_delta_hold_seconds"] = round(hold, 6)
-        self._served(version, "delta_updates", "last_delta_seconds", time.monotonic() - started)
+        started = self._clock.monotonic()
+        applied = self.loader.apply_delta(self._current.group, version)
+        self.stats["last_delta_hold_seconds"] = round(applied.hold_seconds, 6)
+        self._served(version, "delta_updates", "last_delta_seconds", self._clock.monotonic() - started)
         log.info("%s: applied delta %s (%d rows, %d dense tensors)", self.name, version.label,
-                 sum(d.changed_rows for d in deltas), sum(len(d.dense) for d in deltas))
-
-    def _read_deltas(self, backend, local: ModelVersion, served: ModelVersion | None) -> list:
-        """The deltas that bring ``served`` (None: the bare full) to ``local``, read and checked,
-        in order; CheckpointError if one was computed against another step than the one it
-        follows here (a link of a chain missing, or a delta written after another full)."""
-        chained = self.config.delta_mode == "chain"
-        if not chained:  # the newest delta alone, computed against the full
-            links, previous = local.delta_chain[-1:], local.full_step
-        elif served is None or not served.delta_chain:
-            links, previous = local.delta_chain, local.full_step
-        else:  # the links after the ones served
-            links, previous = local.delta_chain[len(served.delta_chain):], served.delta_step
-        deltas = []
-        for step, prefix in links:
-            delta = backend.read_delta(prefix, step)
-            if delta.parent_step is not None and delta.parent_step != previous:
-                raise CheckpointError(f"delta {step} was computed against step {delta.parent_step} but follows "
-                                      f"step {previous} here (a missing link, or a delta of another full)")
-            deltas.append(delta)
-            if chained:
-                previous = step
-        return deltas
+                 applied.rows, applied.dense)
 
     def _served(self, version: ModelVersion, counter: str, timing: str, seconds: float) -> None:
         self.stats[counter] += 1
         self.stats[timing] = round(seconds, 4)
         self._failures.pop(version, None)
         self._history = [v for v in self._history if v != version][-(_HISTORY - 1):] + [version]
-        self.state = "ready"
+        self._to(VersionState.READY)
         self.last_error = None
         log.info("%s: serving version %s (%.3f s)", self.name, version.label, seconds)
 
     def _record_failure(self, version: ModelVersion, err: ProcessorError) -> None:
-        previous = self._failures.get(version)
-        attempts = previous.attempts + 1 if previous else 1
-        interval = max(self.config.file_system_poll_wait_seconds, 1.0)
-        backoff = min(interval * 2 ** (attempts - 1), _MAX_BACKOFF_SECONDS)
-        self._failures[version] = _Failure(attempts, time.monotonic() + backoff, err.message)
+        now = self._clock.monotonic()
+        failure = record_failure(self._failures.get(version), err.message, now,
+                                 self.config.file_system_poll_wait_seconds)
+        self._failures[version] = failure
         self.stats["failed_updates"] += 1
         self._note_error(err)
         log.warning("%s: version %s failed (attempt %d, retry in %.0f s): %s", self.name,
-                    version.label, attempts, backoff, err.message)
+                    version.label, failure.attempts, failure.retry_at - now, err.message)
 
     def _note_error(self, err: ProcessorError) -> None:
         self.last_error = err.message
-        if self._current is None:
-            self.state = "failed"
+        if self._current is None and self._state is not VersionState.CLOSED:
+            self._to(VersionState.FAILED)
 
     # --- rollback and pinning ---------------------------------------------------------------
 
@@ -289,7 +259,7 @@ class ModelManager:
             self._watcher.stop(timeout=5)
         with self._lock:
             old, self._current = self._current, None
-            self.state = "closed"
+            self._to(VersionState.CLOSED)
         if old is not None:
             old.retire()
         if self.features is not None:
@@ -324,7 +294,7 @@ class ModelManager:
 
     def _not_ready_message(self) -> str:
         reason = f": {self.last_error}" if self.last_error else ""
-        return f"model {self.name!r} has no version ready ({self.state}){reason}"
+        return f"model {self.name!r} has no version ready ({self._state.value}){reason}"
 
     @property
     def ready(self) -> bool:
@@ -339,7 +309,7 @@ class ModelManager:
     def info(self) -> dict[str, Any]:
         handle = self._current
         out: dict[str, Any] = {
-            "name": self.name, "state": self.state, "last_error": self.last_error,
+            "name": self.name, "state": self._state.value, "last_error": self.last_error,
             "pinned": self._pinned.label if self._pinned else self._pinned_step,
             "history": [v.label for v in self._history],
             "failed_versions": [{"version": v.label, "attempts": f.attempts, "error": f.error}

@@ -1,0 +1,135 @@
+"""VersionLoader: turns a version the store names into a serving group, or into deltas applied.
+
+The steps of one load, in order:
+
+1. **materialize**: a local copy of the version's files (:meth:`ModelStore.materialize`: the
+   same paths for a local store, a cached download for a remote one);
+2. **open**: a new group over the local copy (``open_group``, by default
+   :func:`~processor.engine.session_group.open_session_group`); the group serves, and reports,
+   the store's version, not the local paths;
+3. **apply deltas**: every delta of the version, each read and checked (its parent step must be
+   the step it follows here) before the first is applied;
+4. **warm up** every lane (``warm``, by default the warmup plan of :mod:`.warmup`);
+5. **close on failure**: if 3 or 4 fail the new group is closed and the error says which
+   version was rejected; nothing of it stays open.
+
+:meth:`VersionLoader.apply_delta` updates a live group in place instead (materialize, read and
+check the newer links, apply them). The loader swaps nothing and keeps no state between calls:
+the :class:`~processor.manager.model_manager.ModelManager` decides what to load and swaps.
+Errors are :class:`~processor.errors.ProcessorError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..checkpoint.delta import CheckpointError
+from ..config import ModelConfig
+from ..engine.session_group import open_session_group
+from ..errors import as_processor_error
+from ..store.model_store import ModelStore
+from ..store.model_version import ModelVersion
+from .warmup import plan_warmup, warm_up
+
+
+def warm_with_plan(group, local: ModelVersion, warmup_file: bytes | None, config: ModelConfig) -> dict:
+    """The default warmup: the plan for the group's signature (the warmup file, TF Serving's
+    records or synthetic requests) run on every lane; returns the warmup report."""
+    return warm_up(group, plan_warmup(group.signature, local.savedmodel_dir, warmup_file), config=config)
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A group that opened, took its deltas and warmed up, and its warmup report."""
+
+    group: Any
+    warmup: dict | None
+
+
+@dataclass(frozen=True)
+class DeltaApplied:
+    """What :meth:`VersionLoader.apply_delta` did: requests held (s), rows and dense tensors."""
+
+    hold_seconds: float
+    rows: int
+    dense: int
+
+
+class VersionLoader:
+    """See the module doc. ``open_group(config, version, features=...)`` and
+    ``warm(group, local_version, warmup_file, config)`` may be replaced (tests use fakes)."""
+
+    def __init__(self, config: ModelConfig, store: ModelStore, features=None,
+                 open_group: Callable[..., Any] = open_session_group,
+                 warm: Callable[..., dict | None] = warm_with_plan) -> None:
+        self.config = config
+        self.store = store
+        self.features = features
+        self._open_group = open_group
+        self._warm = warm
+
+    def materialize(self, version: ModelVersion) -> ModelVersion:
+        return self.store.materialize(version)
+
+    def open(self, version: ModelVersion, local: ModelVersion):
+        """A new group over ``local`` that serves ``version`` (no delta applied yet)."""
+        try:
+            group = self._open_group(self.config, local, features=self.features)
+        except Exception as exc:
+            raise as_processor_error(exc) from None
+        group.version = version  # loaded from the local copy; serves (and reports) the store's version
+        return group
+
+    def load(self, version: ModelVersion, warmup_file: bytes | None = None,
+             on_warming: Callable[[], None] | None = None) -> Loaded:
+        """Materialize, open, apply every delta, warm up (``on_warming`` is called first);
+        on failure close the new group and raise. The caller swaps the group in."""
+        local = self.materialize(version)
+        group = self.open(version, local)
+        try:
+            for delta in self.read_deltas(group.backend, local, None):  # every link checked first
+                group.backend.stage_delta(delta)
+                group.apply_delta(delta, version)
+            if on_warming is not None:
+                on_warming()
+            report = self._warm(group, local, warmup_file, self.config)
+        except Exception as exc:
+            group.close()
+            err = as_processor_error(exc)
+            raise type(err)(f"version {version.label} rejected: {err.message}", err.code) from None
+        return Loaded(group, report)
+
+    def apply_delta(self, group, version: ModelVersion) -> DeltaApplied:
+        """Bring the live ``group`` (serving ``group.version``) to ``version``, a version of
+        the same full with newer deltas: all read and checked first, then applied in order."""
+        local = self.materialize(version)
+        deltas = self.read_deltas(group.backend, local, group.version)  # all checked first
+        hold = 0.0
+        for delta in deltas:
+            group.backend.stage_delta(delta)  # rows a shared store holds: written before the gate
+            hold += group.apply_delta(delta, version)
+        return DeltaApplied(hold, sum(d.changed_rows for d in deltas), sum(len(d.dense) for d in deltas))
+
+    def read_deltas(self, backend, local: ModelVersion, served: ModelVersion | None) -> list:
+        """The deltas that bring ``served`` (None: the bare full) to ``local``, read and checked,
+        in order; CheckpointError if one was computed against another step than the one it
+        follows here (a link of a chain missing, or a delta written after another full)."""
+        chained = self.config.delta_mode == "chain"
+        if not chained:  # the newest delta alone, computed against the full
+            links, previous = local.delta_chain[-1:], local.full_step
+        elif served is None or not served.delta_chain:
+            links, previous = local.delta_chain, local.full_step
+        else:  # the links after the ones served
+            links, previous = local.delta_chain[len(served.delta_chain):], served.delta_step
+        deltas = []
+        for step, prefix in links:
+            delta = backend.read_delta(prefix, step)
+            if delta.parent_step is not None and delta.parent_step != previous:
+                raise CheckpointError(f"delta {step} was computed against step {delta.parent_step} but follows "
+                                      f"step {previous} here (a missing link, or a delta of another full)")
+            deltas.append(delta)
+            if chained:
+                previous = step
+        return deltas
