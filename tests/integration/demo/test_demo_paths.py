@@ -42,8 +42,10 @@ def test_ensure_toy_model_builds_once_per_flavour(tmp_path):
 
     tf2 = ensure_toy_model(out, tf2=True)
     assert tf2.steps == [1] and read_model_card(out)["format"] == "tf2"
+    write_toy_checkpoint(tf2.run_dir, 2, a=1.0, b=1.0, tf2=True)
+    assert ensure_toy_model(out, tf2=True).steps == [1, 2]  # reused
     forced = ensure_toy_model(out, tf2=True, force=True)
-    assert forced == tf2
+    assert forced == tf2 and forced.steps == [1]  # rebuilt: the added version is gone
 
 
 def test_ensure_demo_model_reuses_a_matching_build(ctr_model_small):
