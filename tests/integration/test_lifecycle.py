@@ -59,6 +59,15 @@ def label(processor):
     return processor.model_info()["version"]["label"]
 
 
+def wait_for_polls(processor, rounds=2):
+    """Wait until the watcher has started ``rounds`` more polls than it had now. A poll is counted
+    as it starts, so with 2 the poll that started after this call has finished: whatever the
+    store held at the call has been seen."""
+    polls = lambda: processor.model_info()["watcher"]["polls"]  # noqa: E731
+    start = polls()
+    assert wait_for(lambda: polls() >= start + rounds, timeout=30), f"the watcher did not poll ({polls()})"
+
+
 def test_delta_then_full_are_served_within_the_poll_interval(ctr, trainer, feeds, make_processor):
     p = make_processor(model_config(ctr, file_system_poll_wait_seconds=POLL, session_num=2))
     assert label(p) == str(ctr.steps[-1])
@@ -91,7 +100,11 @@ def test_a_delta_present_at_start_is_applied(ctr, trainer, feeds, make_processor
 def test_steady_load_during_updates_zero_failures_consistent_versions(ctr, trainer, feeds, make_processor,
                                                                        delta_mode):
     """4 client threads while deltas and fulls land. SP_SOAK_SECONDS=60 runs the issue's soak
-    (a delta every 2 s, a full every 20 s); the default is a 4 s version of it."""
+    (a delta every 2 s, a full every 20 s); the default is a 4 s version of it.
+
+    Asserted by count, not by time: every request succeeds with one version's outputs, requests
+    are answered between every two updates, more than one version answered, and some requests
+    were in flight while a version was swapped in (the update counters moved during them)."""
     soak = float(os.environ.get("SP_SOAK_SECONDS", "0"))
     duration, delta_every, full_every = (soak, 2.0, 20.0) if soak else (4.0, 0.5, 2.0)
     p = make_processor(model_config(ctr, file_system_poll_wait_seconds=POLL, session_num=4,
@@ -99,22 +112,30 @@ def test_steady_load_during_updates_zero_failures_consistent_versions(ctr, train
     request = codec.encode_request(feeds)
     references = [trainer.predict(feeds)["logits"]]
     stop = threading.Event()
-    failures, responses = [], []
+    failures, responses, across_swaps = [], [], []
+
+    def swaps():
+        return p.manager.stats["full_loads"] + p.manager.stats["delta_updates"]
 
     def client():
         while not stop.is_set():
+            before = swaps()
             status, body = p.process(request)
             if status != 200:
                 failures.append(body)
             else:
                 responses.append(codec.decode_response(body)["logits"])
+                if swaps() != before:
+                    across_swaps.append(before)
 
     clients = [threading.Thread(target=client) for _ in range(4)]
     for c in clients:
         c.start()
     started = last_full = time.monotonic()
     while time.monotonic() - started < duration:
-        time.sleep(delta_every)
+        answered = len(responses)
+        time.sleep(delta_every)  # the pace of the trainer, not an assertion
+        assert wait_for(lambda: len(responses) > answered, timeout=30), "no request answered between updates"
         trainer.train(3)
         if time.monotonic() - last_full >= full_every:
             trainer.save_full()
@@ -129,11 +150,15 @@ def test_steady_load_during_updates_zero_failures_consistent_versions(ctr, train
         c.join()
     assert final, label(p)
     assert failures == []
-    assert len(responses) > 50
+    answered_by = set()
     for r in responses:
-        assert any(np.allclose(r, ref, rtol=1e-5, atol=1e-6) for ref in references), "mixed version"
+        match = [i for i, ref in enumerate(references) if np.allclose(r, ref, rtol=1e-5, atol=1e-6)]
+        assert match, "mixed version"
+        answered_by.add(match[0])
+    assert len(answered_by) >= 2, answered_by  # requests were answered before and after updates
+    assert across_swaps, "no request was in flight while a version was swapped in"
     info = p.model_info()["updates"]
-    print(f"\nsoak {duration:.0f}s: {len(responses)} responses, 0 failures, "
+    print(f"\nsoak {duration:.0f}s: {len(responses)} responses ({len(across_swaps)} across a swap), 0 failures, "
           f"{info['delta_updates']} deltas, {info['full_loads']} full loads")
 
 
@@ -171,7 +196,7 @@ def test_half_written_checkpoint_is_not_picked_up(ctr, feeds, make_processor):
     p = make_processor(model_config(ctr, file_system_poll_wait_seconds=POLL))
     old_label = label(p)
     (ctr.run_dir / "model.ckpt-99999.index").write_bytes(b"partial")  # no data shard yet
-    time.sleep(POLL * 4)
+    wait_for_polls(p)
     assert label(p) == old_label and p.model_info()["failed_versions"] == []
 
 
@@ -201,7 +226,7 @@ def test_rollback_and_pinning(ctr, trainer, feeds, make_processor):
 
     p.manager.rollback()
     np.testing.assert_allclose(served(p, feeds)["logits"], first, rtol=1e-6)
-    time.sleep(POLL * 3)  # pinned: the watcher does not move it forward
+    wait_for_polls(p)  # pinned: the watcher does not move it forward
     assert label(p) == str(ctr.steps[-1])
 
     p.manager.pin(ctr.steps[0])
