@@ -288,3 +288,20 @@ def test_close(store):
         m.load(m.discover())
     m.close()  # twice: nothing more
     assert len(backend.groups) == 1 and backend.groups[0].closed == 1 and m.state is VersionState.CLOSED
+
+
+def test_a_remote_store_serves_its_local_copy_and_reports_the_stores_urls():
+    store = FakeStore(fulls=[10], remote=True)
+    store.add_delta(12, parent=10)
+    backend = FakeBackend(store)
+    m = fake_manager(store, backend)
+    m.start()
+    assert backend.groups[0].opened_from.full_prefix.startswith("/cache/")
+    version = m.info()["version"]
+    assert (version["full_checkpoint"], version["delta_checkpoint"]) == (
+        "fake:///fake/run/model.ckpt-10", "fake:///fake/run/.incremental_checkpoint/incremental_model.ckpt-12")
+    store.unreachable = True
+    store.add_full(20)
+    update(m)  # the download fails: the served version keeps serving, the failure is recorded
+    assert served(m) == (10, (12,)) and "unreachable" in m.last_error
+    assert [f["version"] for f in m.info()["failed_versions"]] == ["20"]
