@@ -49,8 +49,9 @@ def build_native() -> None:
 class HostSession:
     """The example host, initialized once, running timed phases on request (--stdin-phases)."""
 
-    def __init__(self, config: Path, request: Path, log: Path, env: dict | None = None) -> None:
-        cmd = [str(BUILD / "processor_host"), "--config", str(config), "--request", str(request),
+    def __init__(self, config: Path, request: Path, log: Path, env: dict | None = None,
+                 lib: Path = BUILD / "libserving_processor.so") -> None:
+        cmd = [str(BUILD / "processor_host"), "--lib", str(lib), "--config", str(config), "--request", str(request),
                "--stdin-phases", "--warmup", "20"]
         full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
         self.log = open(log, "w")
@@ -176,12 +177,13 @@ def main() -> None:
     import c_abi_fake_abi as fake
 
     echo: dict[int, dict] = {}
-    env = {"SERVING_PROCESSOR_MODULE": "c_abi_fake_abi", "PYTHONPATH": str(FAKE_DIR)}
+    env = {"PYTHONPATH": str(FAKE_DIR)}  # the test build of the library loads c_abi_fake_abi
     for b in BATCHES:
         fake_cfg = json.dumps({"response_size": response_sizes[b]})
         fake_file = work / f"fake_{b}.json"
         fake_file.write_text(fake_cfg)
-        host = HostSession(fake_file, request_files[b], work / f"host_fake_{b}.log", env)
+        host = HostSession(fake_file, request_files[b], work / f"host_fake_{b}.log", env,
+                           lib=BUILD / "testing" / "libserving_processor.so")
         echo[b] = compare(*interleaved(host, fake.process, fake.initialize("", fake_cfg), requests[b],
                                        args.echo_seconds, args.repeat, f"ABI alone batch {b}"))
     load_after = os.getloadavg()

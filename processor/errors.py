@@ -22,7 +22,6 @@ class StatusCode(enum.IntEnum):
     INTERNAL = 500  # a failure inside the processor or the engine
     UNAVAILABLE = 503  # no version ready yet, a store down, shutting down, a full queue
     DEADLINE_EXCEEDED = 504  # the request's deadline passed before it ran
-    PAYLOAD_TOO_LARGE = 413  # alias of RESOURCE_EXHAUSTED (HTTP's name), for older callers
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Any
 
 from .config import ModelConfig, parse_json
 from .dataplane import DataPlane
-from .errors import ProcessorError, StatusCode, as_processor_error
+from .errors import STATUS_TABLE, ProcessorError, StatusCode, edge_error
 from .proto import predict_pb2
 from .request import PredictCall
 from .served_model import ModelRegistry
@@ -21,6 +21,9 @@ from .served_model import ModelRegistry
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL_NAME = "default"
+
+EDGE = "c_abi"  # the status-code methods (process, process_many, serving_model_info) serve processor/abi.py
+OK = STATUS_TABLE[StatusCode.OK].c_abi
 
 
 class Processor:
@@ -66,10 +69,9 @@ class Processor:
         An empty request returns 200 and the signature as JSON (DeepRec's introspection ping).
         """
         try:
-            return int(StatusCode.OK), self.dataplane.predict(PredictCall(self.name, data)).outputs
+            return OK, self.dataplane.predict(PredictCall(self.name, data)).outputs
         except Exception as exc:
-            err = as_processor_error(exc)
-            return int(err.code), err.message.encode()
+            return _answer(edge_error(exc, EDGE, log))
 
     def process_many(self, requests: list[bytes | memoryview]) -> list[tuple[int, bytes]]:
         """:meth:`process` for each request; with batching they are queued together, so they run
@@ -77,8 +79,7 @@ class Processor:
         try:
             results = self.dataplane.predict_many(self.name, [data for data in requests if data])
         except Exception as exc:
-            err = as_processor_error(exc)
-            return [(int(err.code), err.message.encode())] * len(requests)
+            return [_answer(edge_error(exc, EDGE, log))] * len(requests)
         answers = iter(results)
         out = []
         for data in requests:
@@ -87,9 +88,9 @@ class Processor:
                 continue
             result = next(answers)
             if isinstance(result, ProcessorError):
-                out.append((int(result.code), result.message.encode()))
+                out.append(_answer(edge_error(result, EDGE, log)))
             else:
-                out.append((int(StatusCode.OK), result))
+                out.append((OK, result))
         return out
 
     def serving_model_info(self) -> tuple[int, bytes]:
@@ -97,10 +98,9 @@ class Processor:
         version directory of TF Serving's layout; "" when the SavedModel's own variables serve."""
         try:
             path = self.model.model_path()
-            return int(StatusCode.OK), predict_pb2.ServingModelInfo(model_path=path).SerializeToString()
+            return OK, predict_pb2.ServingModelInfo(model_path=path).SerializeToString()
         except Exception as exc:
-            err = as_processor_error(exc)
-            return int(err.code), err.message.encode()
+            return _answer(edge_error(exc, EDGE, log))
 
     def model_info(self) -> dict[str, Any]:
         """Everything a user may want to know: version, signature, sessions, pinning, settings."""
@@ -109,3 +109,8 @@ class Processor:
     def close(self) -> None:
         self.models.drain()  # runs the requests still queued for a batch
         self.models.close()
+
+
+def _answer(err: ProcessorError) -> tuple[int, bytes]:
+    """A failed call as the C ABI answers it: STATUS_TABLE's c_abi status and the message."""
+    return err.edge.c_abi, err.message.encode()

@@ -28,7 +28,7 @@ from typing import Any
 
 from processor.dataplane import DataPlane
 from processor.deployment import DeploymentConfig
-from processor.errors import as_processor_error
+from processor.errors import as_processor_error, edge_error
 from processor.served_model import ModelRegistry, ServedModel
 
 from .drain import DrainGate
@@ -81,7 +81,7 @@ class ServingRuntime:
         try:
             model.start()
         except Exception as exc:
-            err = as_processor_error(exc)
+            err = edge_error(exc, "model start", log)  # an internal error's traceback, once
             self.metrics.observe_update(name, "start", time.monotonic() - started, ok=False)
             log.error("model %s failed to load: %s", name, err.message,
                       extra={"model": name, "code": err.code.name})

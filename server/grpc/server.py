@@ -36,7 +36,7 @@ from typing import Any
 
 import grpc
 
-from processor.errors import InvalidArgument, as_processor_error
+from processor.errors import InvalidArgument, edge_error
 from processor.request import PredictCall, requested_version
 
 from .. import tfserving
@@ -55,7 +55,7 @@ MODEL_NAME_KEYS = ("model-name", "x-model-name")
 
 def abort(context: grpc.ServicerContext, exc: BaseException) -> None:
     """The one mapping of an error to gRPC: STATUS_TABLE's status name and the message."""
-    err = as_processor_error(exc)
+    err = edge_error(exc, "grpc", log)
     context.abort(grpc.StatusCode[err.edge.grpc], err.message)
 
 

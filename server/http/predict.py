@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from processor.errors import InvalidArgument, ProcessorError, StatusCode, Unavailable, as_processor_error
+from processor.errors import InvalidArgument, Unavailable, edge_error
 from processor.request import PredictCall
 from processor.signature import Signature
 
@@ -47,9 +47,7 @@ class Reply:
 
 def error_reply(exc: BaseException) -> Reply:
     """The one mapping of an error to HTTP: STATUS_TABLE's status and ``{"error": message}``."""
-    err = as_processor_error(exc)
-    if err.code == StatusCode.INTERNAL and not isinstance(exc, ProcessorError):
-        log.error("internal error", exc_info=exc)
+    err = edge_error(exc, "http", log)
     retry_after = getattr(exc, "retry_after", None)
     headers = ((b"retry-after", str(retry_after).encode()),) if retry_after else ()
     return Reply(err.edge.http, json.dumps({"error": err.message}).encode(), headers=headers)

@@ -120,7 +120,6 @@ def test_canonical_code_names():
     for code in StatusCode:
         assert STATUS_TABLE[code].grpc == code.name
         assert STATUS_TABLE[code].http == int(code)
-    assert StatusCode.PAYLOAD_TOO_LARGE is StatusCode.RESOURCE_EXHAUSTED  # the old name, an alias
     assert issubclass(PayloadTooLarge, ResourceExhausted)
     assert PayloadTooLarge("x").code == StatusCode.RESOURCE_EXHAUSTED
 
