@@ -9,8 +9,8 @@ the server and with docs/scaling-out.md.
   KServe's own CRDs, vendored unmodified in tests/data/kserve (source and checksums in its
   README.md), made strict the same way.
 * The deployment JSON inside the ConfigMap is rendered by the render-config init container's own
-  script (taken from deployment.yaml) and validated with processor.deployment; the KServe
-  runtime's launcher script is run on each model layout it accepts.
+  script run as a process: tests/e2e/deploy/test_deploy_render.py. The KServe runtime's
+  launcher script is run (in this process) on each model layout it accepts.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import hashlib
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -36,52 +35,19 @@ jsonschema = pytest.importorskip("jsonschema")
 from processor.config import ModelConfig  # noqa: E402
 from processor.deployment import DeploymentConfig  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
-K8S = ROOT / "deploy" / "kubernetes"
+from unit.k8s_objects import K8S, ROOT  # noqa: E402
+from unit.k8s_objects import container as _container  # noqa: E402
+from unit.k8s_objects import deployment as _deployment  # noqa: E402
+from unit.k8s_objects import load as _load  # noqa: E402
+from unit.k8s_objects import objects as _objects  # noqa: E402
+from unit.k8s_objects import one as _one  # noqa: E402
+from unit.k8s_objects import pod as _pod  # noqa: E402
+from unit.k8s_objects import template_json as _template_json  # noqa: E402
+
 KSERVE = K8S / "kserve"
 CRDS = ROOT / "tests" / "data" / "kserve"
 DOC = ROOT / "docs" / "scaling-out.md"
 OLDEST_K8S = "1.25"
-
-# files of deploy/kubernetes that are not Kubernetes objects
-NOT_OBJECTS = {"kustomization.yaml", "prometheus-adapter-values.yaml"}
-
-
-def _load(path: Path) -> list[dict]:
-    return [d for d in yaml.safe_load_all(path.read_text()) if d]
-
-
-def _objects() -> list[tuple[str, dict]]:
-    out = []
-    for path in sorted(K8S.glob("*.yaml")):
-        if path.name not in NOT_OBJECTS:
-            out += [(path.name, d) for d in _load(path)]
-    return out
-
-
-def _one(kind: str, name: str | None = None) -> dict:
-    found = [d for _, d in _objects() if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
-    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
-    return found[0]
-
-
-def _deployment() -> dict:
-    return _one("Deployment", "serving-processor")
-
-
-def _container(pod_spec: dict, name: str, init: bool = False) -> dict:
-    for c in pod_spec["initContainers" if init else "containers"]:
-        if c["name"] == name:
-            return c
-    raise AssertionError(f"no container {name}")
-
-
-def _pod() -> dict:
-    return _deployment()["spec"]["template"]["spec"]
-
-
-def _template_json() -> dict:
-    return json.loads(_one("ConfigMap", "serving-processor-config")["data"]["deployment.json"])
 
 
 def _versions() -> list[str]:
@@ -288,58 +254,6 @@ def test_kserve_launcher_writes_a_valid_deployment(layout, tmp_path, monkeypatch
     (entry,) = dep.models
     assert entry.name == "demo" and entry.config.session_num == 2
     assert {k: v for k, v in written["models"][0]["model_config"].items() if k in want} == want
-
-
-# --- the deployment JSON ---------------------------------------------------------------------
-
-
-def _render(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    init = _container(_pod(), "render-config", init=True)
-    assert init["command"] == ["python", "-c"]
-    script, src, dst = init["args"]
-    mounts = {m["name"]: m["mountPath"] for m in init["volumeMounts"]}
-    assert src == f"{mounts['config-template']}/deployment.json"
-    assert dst == f"{mounts['config']}/deployment.json"
-    (tmp_path / "deployment.json").write_text(_one("ConfigMap", "serving-processor-config")["data"]["deployment.json"])
-    run_env = {k: v for k, v in os.environ.items() if k != "REDIS_PASSWORD"}
-    run_env.update(env, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-c", script, str(tmp_path / "deployment.json"), str(tmp_path / "out.json")],
-                          env=run_env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
-
-
-def test_the_configmaps_deployment_renders_and_validates(tmp_path):
-    password = 'p"a\\ss ${x} $HOME word'  # JSON-hostile characters and a literal ${...} survive
-    done = _render(tmp_path, {"REDIS_PASSWORD": password})
-    assert done.returncode == 0, done.stderr
-    rendered = json.loads((tmp_path / "out.json").read_text())
-    assert oct((tmp_path / "out.json").stat().st_mode & 0o777) == "0o600"
-    dep = DeploymentConfig.from_dict(rendered)
-    (model,) = dep.models
-    cfg = model.config
-    assert cfg.redis_password == password
-    assert cfg.feature_store_type == "cluster_redis" and cfg.model_store_type == "s3"
-    assert cfg.savedmodel_dir.startswith("s3://") and cfg.checkpoint_dir.startswith("s3://")
-    assert dep.host == "0.0.0.0" and dep.admin_token_env
-    # nothing secret is in the ConfigMap itself
-    template = _template_json()
-    assert template["models"][0]["model_config"]["redis_password"] == "${REDIS_PASSWORD}"
-    assert "admin_token" not in template
-    assert not {"oss_access_id", "oss_access_key"} & set(template["models"][0]["model_config"])
-
-
-def test_render_fails_clearly(tmp_path):
-    done = _render(tmp_path, {})
-    assert done.returncode == 1 and "REDIS_PASSWORD is not set" in done.stderr
-    assert not (tmp_path / "out.json").exists()
-    # a bad key stops the pod naming the key
-    cm = _template_json()
-    cm["models"][0]["model_config"]["session_num"] = "2"
-    init = _container(_pod(), "render-config", init=True)
-    (tmp_path / "bad.json").write_text(json.dumps(cm))
-    done = subprocess.run([sys.executable, "-c", init["args"][0], str(tmp_path / "bad.json"), str(tmp_path / "o.json")],
-                          env={**os.environ, "REDIS_PASSWORD": "x", "PYTHONPATH": str(ROOT)},
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 1 and "session_num" in done.stderr, done.stderr
 
 
 # --- the pieces agree ------------------------------------------------------------------------
