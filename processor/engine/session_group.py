@@ -167,7 +167,7 @@ def open_session_group(config: ModelConfig, version: ModelVersion, features=None
     ``.onnx`` model and TensorFlow otherwise. Raises ProcessorError (ConfigError for settings this
     machine cannot honour, e.g. a GPU it does not have; Internal for a model that does not load).
     """
-    from . import device_plan as gpu
+    from . import device_plan
     from .onnx.convert import find_onnx_file
 
     engine = config.backend
@@ -186,11 +186,11 @@ def open_session_group(config: ModelConfig, version: ModelVersion, features=None
         except ImportError as exc:
             raise ConfigError(f"backend: onnxruntime is not installed ({exc}); install the 'cpu' "
                               f"(onnxruntime) or 'gpu' (onnxruntime-gpu) extra") from None
-        backend: Backend = OnnxRuntimeBackend(config, version, gpu.plan_for(config, engine))
+        backend: Backend = OnnxRuntimeBackend(config, version, device_plan.plan_for(config, engine))
     else:
         from .tensorflow_backend import TensorFlowBackend
 
-        plan = gpu.plan_for(config, engine)
+        plan = device_plan.plan_for(config, engine)
         backend = TensorFlowBackend(config, version, lanes=len(plan.lanes), devices=plan, features=features)
     return SessionGroup(backend, config.select_session_policy, version, time.monotonic() - started,
                         config.batching)
