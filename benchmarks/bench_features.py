@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import memory_of, run_threads, write_results  # noqa: E402
 from processor.features.dram_store import DramTable  # noqa: E402
-from processor.features.feature_store import RowChunk, TableSpec  # noqa: E402
+from processor.features.rows import RowChunk, TableSpec  # noqa: E402
 from processor.features.local_redis import LocalRedis, LocalRedisCluster  # noqa: E402
 
 BATCH = 4096

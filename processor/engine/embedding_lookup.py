@@ -265,7 +265,7 @@ def attach(graph, session, meta_graph, outputs: Sequence[str], prefix: str, vers
     """
     from ..features.dram_store import DramStore
     from ..features.ev_checkpoint import CheckpointTables, TableSource
-    from ..features.feature_store import TableSpec
+    from ..features.rows import TableSpec
 
     plan, lookups = find_lookups(meta_graph.graph_def, outputs)
     ckpt = CheckpointTables(prefix)

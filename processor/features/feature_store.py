@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from .rows import LookupStats, RowChunk, TableSpec  # noqa: F401 - LookupStats re-exported with the others
+from .rows import RowChunk, TableSpec
 
 if TYPE_CHECKING:
     from ..config import ModelConfig

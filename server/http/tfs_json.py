@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from processor.dtypes import DT_BOOL, DT_STRING, WIRE_TYPES, dtype_name
-from processor.errors import InvalidArgument, NotFound, PayloadTooLarge
+from processor.errors import InvalidArgument, PayloadTooLarge
 from processor.signature import Signature, TensorSpec
 
 from .json_stream import CHUNK, Document, Span, clip, slow_loads

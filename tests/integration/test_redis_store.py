@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from processor.errors import Unavailable
-from processor.features.feature_store import RowChunk, TableSpec
+from processor.features.rows import RowChunk, TableSpec
 from processor.features.local_redis import LocalRedis, LocalRedisCluster, redis_server_binary
 from processor.features.redis_client import RedisNodes
 from processor.features.redis_store import RedisStore

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from processor.features.dram_store import DramTable
-from processor.features.feature_store import RowChunk, TableSpec
+from processor.features.rows import RowChunk, TableSpec
 from processor.features.hash_index import HashIndex
 
 

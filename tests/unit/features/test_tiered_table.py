@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from processor.features.feature_store import RowChunk, TableSpec
+from processor.features.rows import RowChunk, TableSpec
 from processor.features.tiered_store import TieredStore, TieredTable
 
 
