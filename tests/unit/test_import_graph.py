@@ -107,3 +107,27 @@ def test_no_import_cycle_between_processor_modules():
         cycles.append(" -> ".join(cycle))
         graph[cycle[-2]].discard(cycle[-1])  # drop its last edge and look again
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+# The edges' packages: processor/ is the core they call, never the other way. The generated gRPC
+# stubs in processor/proto/ (``*_pb2_grpc.py``) are the one exception: only the server imports them.
+EDGE_PACKAGES = {"server", "fastapi", "starlette", "uvicorn", "grpc"}
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    """The top-level package of every absolute import in ``path``, anywhere in its body."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_processor_imports_no_edge():
+    offenders = {name: sorted(found) for name, path in _modules().items()
+                 if not path.name.endswith("_pb2_grpc.py") and (found := _top_level_imports(path) & EDGE_PACKAGES)}
+    assert not offenders, f"processor/ modules import an edge's package: {offenders}"
+    # the check sees what it looks for: the stubs import grpc
+    assert "grpc" in _top_level_imports(ROOT / PACKAGE / "proto" / "processor_service_pb2_grpc.py")
