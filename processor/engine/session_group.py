@@ -34,6 +34,7 @@ class SessionGroup:
     def __init__(self, backend: Backend, policy: str, version: ModelVersion, load_seconds: float,
                  batching: BatchingConfig | None = None) -> None:
         self.backend = backend
+        self.signature: Signature = backend.signature  # fixed for the group's life (read per request)
         self.version = version
         self.load_seconds = load_seconds
         self._policy = LanePolicy(policy, backend.lanes)
@@ -42,10 +43,6 @@ class SessionGroup:
         self._wire_server = backend.wire_server(self.codec)
         # The native batching queue (closed before the backend), if batching is on and it can serve.
         self._batch_server = native_queue.open_queue(backend, self.codec, batching) if batching is not None else None
-
-    @property
-    def signature(self) -> Signature:
-        return self.backend.signature
 
     @property
     def lanes(self) -> int:
