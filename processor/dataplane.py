@@ -69,7 +69,7 @@ class DataPlane:
         whole-request path, or the native codec around the engine call); every other call
         goes through :meth:`_answer`.
         """
-        model, inputs, version, label, signature_name, _, deadline = call  # one unpack: the hot path
+        model, _, version, label, _, _, deadline = call  # unpacked, not field by field: the hot path
         if deadline is not None:
             _check_deadline(model, deadline)
         manager = self._managers.get(model)
@@ -81,45 +81,43 @@ class DataPlane:
             rec = self._begin_trace(model)
             if rec is not None:
                 return self._traced(manager, call, version, rec)
-        handle = manager.acquire_handle()
-        try:
-            group = handle.group
-            if version is not None or signature_name:
-                _check_call(model, group, version, signature_name)
-            if inputs.__class__ in _WIRE and inputs and model not in self._batchers:
-                # tuple.__new__: a named tuple's own constructor costs ~0.15 us more, per request
-                return tuple.__new__(PredictResult, (group.serve(inputs), group.version, group.signature, False))
-            return self._answer(call, group, None)
-        except ProcessorError:
-            raise
-        except Exception as exc:
-            raise as_processor_error(exc) from exc
-        finally:
-            handle.release()
+        return self._call(manager, call, version, None)
 
     def _traced(self, manager, call: PredictCall, version: int | None, rec: TraceRecorder) -> PredictResult:
         """:meth:`predict` of a request its model's tracer picked: every stage timed into ``rec``,
         which is submitted (never raising) whether the call succeeds or fails."""
         try:
             with rec.stage("request"):
-                with rec.stage("acquire"):
-                    handle = manager.acquire_handle()
-                try:
-                    group = handle.group
-                    if version is not None or call.signature_name:
-                        _check_call(call.model, group, version, call.signature_name)
-                    return self._answer(call, group, rec)
-                except ProcessorError:
-                    raise
-                except Exception as exc:
-                    raise as_processor_error(exc) from exc
-                finally:
-                    handle.release()
+                return self._call(manager, call, version, rec)
         except Exception as exc:
             rec.error = str(exc)
             raise
         finally:
             rec.tracer.submit(rec)  # never raises
+
+    def _call(self, manager, call: PredictCall, version: int | None, rec: TraceRecorder | None) -> PredictResult:
+        """One acquire of the served group, the call's checks against it, then the hot path (an
+        untraced, unbatched wire request: the group's ``serve``) or :meth:`_answer`."""
+        if rec is None:
+            handle = manager.acquire_handle()
+        else:
+            with rec.stage("acquire"):
+                handle = manager.acquire_handle()
+        try:
+            group = handle.group
+            model, inputs, _, _, signature_name, _, _ = call
+            if version is not None or signature_name:
+                _check_call(model, group, version, signature_name)
+            if rec is None and inputs.__class__ in _WIRE and inputs and model not in self._batchers:
+                # tuple.__new__: a named tuple's own constructor costs ~0.15 us more, per request
+                return tuple.__new__(PredictResult, (group.serve(inputs), group.version, group.signature, False))
+            return self._answer(call, group, rec)
+        except ProcessorError:
+            raise
+        except Exception as exc:
+            raise as_processor_error(exc) from exc
+        finally:
+            handle.release()
 
     def _answer(self, call: PredictCall, group, rec: TraceRecorder | None) -> PredictResult:
         """``call`` on the acquired ``group``, off the hot path: the introspection ping, arrays and
