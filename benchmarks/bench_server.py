@@ -47,6 +47,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -440,41 +441,38 @@ def bench(args) -> dict:
 
     # KServe
     kpy = Path(args.kserve_python) if args.kserve_python else DEFAULT_KSERVE_VENV / "bin" / "python"
-    if args.skip_kserve:
-        notes["kserve"] = "skipped (--skip-kserve)"
-    elif not kpy.exists():
-        notes["kserve"] = (f"not run: no KServe environment at {kpy} (make it with "
-                           f"python -m benchmarks.bench_server --make-kserve-venv)")
-    else:
-        try:
-            notes["kserve"] = run_kserve(args, kpy, savedmodel, bodies, reference, expected["tensorflow"], work,
-                                         measure, check)
-        except Exception as exc:
-            notes["kserve"] = f"not run: {type(exc).__name__}: {exc}"
-    if notes["kserve"].startswith("not run") or notes["kserve"].startswith("skipped"):
-        print(f"KServe: {notes['kserve']}", flush=True)
-
+    notes["kserve"] = run_peer("KServe", kpy, args.skip_kserve, "python -m benchmarks.bench_server --make-kserve-venv",
+                               None, lambda: run_kserve(args, kpy, savedmodel, bodies, reference,
+                                                        expected["tensorflow"], work, measure, check))
     # Triton
     from benchmarks.triton_peer import DEFAULT_VENV as DEFAULT_TRITON_VENV
 
     tpy = Path(args.triton_python) if args.triton_python else DEFAULT_TRITON_VENV / "bin" / "python"
-    if args.skip_triton:
-        notes["triton"] = "skipped (--skip-triton)"
-    elif not tpy.exists():
-        notes["triton"] = (f"not run: no Triton environment at {tpy} (make it with "
-                           f".venv/bin/python -m benchmarks.bench_batching --make-triton-venv)")
-    elif onnx_dir is None:
-        notes["triton"] = f"not run: no ONNX conversion of the model ({notes.get('ours_onnxruntime')})"
-    else:
-        try:
-            notes["triton"] = run_triton(args, tpy, onnx_dir, config, bodies, expected["onnxruntime"], work,
-                                         measure, check)
-        except Exception as exc:
-            notes["triton"] = f"not run: {type(exc).__name__}: {exc}"
-    if not notes["triton"].startswith("ran"):
-        print(f"Triton: {notes['triton']}", flush=True)
+    no_onnx = f"no ONNX conversion of the model ({notes.get('ours_onnxruntime')})" if onnx_dir is None else None
+    notes["triton"] = run_peer("Triton", tpy, args.skip_triton,
+                               ".venv/bin/python -m benchmarks.bench_batching --make-triton-venv", no_onnx,
+                               lambda: run_triton(args, tpy, onnx_dir, config, bodies, expected["onnxruntime"],
+                                                  work, measure, check))
     return {"rows": rows, "notes": notes, "kserve": notes["kserve"], "checks": checks, "preset": args.preset,
             "savedmodel": savedmodel, "ours_model_config": config, "load_before": load_before}
+
+
+def run_peer(name: str, python: Path, skip: bool, make_it: str, unavailable: str | None,
+             run: Callable[[], str]) -> str:
+    """A peer server's run: its note (what ran, or why it did not), printed when it did not run."""
+    if skip:
+        note = f"skipped (--skip-{name.lower()})"
+    elif not python.exists():
+        note = f"not run: no {name} environment at {python} (make it with {make_it})"
+    elif unavailable is not None:
+        note = f"not run: {unavailable}"
+    else:
+        try:
+            return run()
+        except Exception as exc:
+            note = f"not run: {type(exc).__name__}: {exc}"
+    print(f"{name}: {note}", flush=True)
+    return note
 
 
 def run_kserve(args, kpy: Path, savedmodel: str, bodies, reference, expected, work: Path, measure, check) -> str:
