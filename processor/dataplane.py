@@ -198,8 +198,7 @@ class DataPlane:
         model = self._registry.get(name)
         wanted = requested_version(name, version, label, model.version_labels)
         with model.manager.acquire() as group:
-            if wanted is not None:
-                check_served(name, group.version, wanted)
+            _check_call(name, group, wanted, "")
             return Served(group.version, group.signature, group.backend.engine_name)
 
     # --- timeline tracing -------------------------------------------------------------------

@@ -29,20 +29,20 @@ log = logging.getLogger(__name__)
 
 
 class ServedModel:
-    """See the module doc. ``manager`` and ``tracer`` may be injected (tests: fakes); by default
-    they are built from ``config`` (a ConfigError names ``timeline_path`` when it is unusable)."""
+    """See the module doc. ``manager``: a stand-in ModelManager (tests: fakes; such a model has
+    no timeline tracer); by default the manager and the tracer are built from ``config`` (a
+    ConfigError names ``timeline_path`` when it is unusable)."""
 
     def __init__(self, name: str, config: ModelConfig, *, raw_config: Mapping[str, Any] | None = None,
                  version_labels: Mapping[str, int] | None = None, threads: int | None = None,
-                 environment: Mapping[str, str] | None = None, manager: Any = None,
-                 tracer: Tracer | None = None) -> None:
+                 environment: Mapping[str, str] | None = None, manager: Any = None) -> None:
         self.name = name
         self.config = config
         self.raw_config = dict(raw_config or {})
         self.version_labels = dict(version_labels or {})
         self.threads = threads
         self.environment = dict(environment or {})
-        self.tracer = tracer if manager is not None else Tracer.from_config(name, config)
+        self.tracer = Tracer.from_config(name, config) if manager is None else None
         self.manager = manager if manager is not None else ModelManager(name, config)
         self.batcher = Batcher(name, config.batching) if config.batching is not None else None
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from processor.errors import NotFound
 from processor.manager.version_state import VersionState
-from processor.request import version_number
+from processor.request import requested_version, version_number
 from processor.signature import Signature
 
 PREDICT_METHOD = "tensorflow/serving/predict"
@@ -32,6 +32,12 @@ class VersionStatus:
     def as_json(self) -> dict[str, Any]:
         return {"version": str(self.version), "state": self.state,
                 "status": {"error_code": self.error_code, "error_message": self.error_message}}
+
+
+def served_model_status(model, version: int | None, label: str | None) -> list[VersionStatus]:
+    """GetModelStatus of a :class:`~processor.served_model.ServedModel` for a request naming a
+    version or a label (or neither)."""
+    return model_status(model, requested_version(model.name, version, label, model.version_labels))
 
 
 def model_status(manager, wanted: int | None) -> list[VersionStatus]:

@@ -37,7 +37,7 @@ from typing import Any
 import grpc
 
 from processor.errors import InvalidArgument, edge_error
-from processor.request import PredictCall, requested_version
+from processor.request import PredictCall
 
 from .. import tfserving
 from ..deadline import from_grpc
@@ -158,8 +158,7 @@ class _Handlers:
         name, version, label = self._spec(request.model_spec)
 
         def work():
-            model = self.rt.model(name)
-            statuses = tfserving.model_status(model, requested_version(name, version, label, model.version_labels))
+            statuses = tfserving.served_model_status(self.rt.model(name), version, label)
             response = get_model_status_pb2.GetModelStatusResponse()
             State = get_model_status_pb2.ModelVersionStatus.State
             for s in statuses:

@@ -42,7 +42,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from processor.errors import InvalidArgument, ProcessorError
-from processor.request import requested_version
 
 from .. import tfserving
 from ..logs import new_request_id, request_id_var
@@ -373,8 +372,7 @@ def _int(text: str | None) -> int | None:
 
 
 def tfs_status(rt: ServingRuntime, name: str, version: int | None, label: str | None) -> dict:
-    model = rt.model(name)
-    statuses = tfserving.model_status(model, requested_version(name, version, label, model.version_labels))
+    statuses = tfserving.served_model_status(rt.model(name), version, label)
     return {"model_version_status": [s.as_json() for s in statuses]}
 
 
