@@ -55,7 +55,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import loadgen
+from benchmarks.common import loadgen_command
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
@@ -112,8 +112,7 @@ def run_load(spec: dict, clients: int, args, work: Path) -> dict:
                 "start_at": start_at, "latencies_file": str(work / f"latencies-{i}.npy")}
         spec_file = work / f"loadgen-{i}.json"
         spec_file.write_text(json.dumps(part))
-        running.append(subprocess.Popen([sys.executable, "-m", "benchmarks.bench_batching", "--loadgen",
-                                         str(spec_file)], cwd=ROOT, stdout=subprocess.PIPE,
+        running.append(subprocess.Popen(loadgen_command(spec_file), cwd=ROOT, stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE, text=True))
     parts, latencies = [], []
     for i, proc in enumerate(running):
@@ -657,11 +656,7 @@ def main() -> int:
     parser.add_argument("--triton-python", help="python of the Triton venv (default artifacts/triton-venv/bin/python)")
     parser.add_argument("--skip-triton", action="store_true")
     parser.add_argument("--make-triton-venv", action="store_true", help="create artifacts/triton-venv and exit")
-    parser.add_argument("--loadgen", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.loadgen:
-        print(json.dumps(loadgen(json.loads(Path(args.loadgen).read_text()))))
-        return 0
     if args.make_triton_venv:
         from benchmarks.triton_peer import DEFAULT_VENV, make_venv
 

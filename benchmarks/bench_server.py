@@ -23,8 +23,8 @@ variables):
   tensors and gRPC ``ModelInfer``. It is sent the string feature already fingerprinted (the ONNX
   graph's uint64 input); ours receives the strings and fingerprints them itself.
 
-The load generator is another process (``--loadgen``): ``concurrency`` threads in a closed loop,
-each with its own keep-alive connection (HTTP) or channel (gRPC), sending pre-built request bytes
+The load generator is another process (``benchmarks.common.loadgen_command``): ``concurrency``
+threads in a closed loop, each with its own keep-alive connection (HTTP) or channel (gRPC), sending pre-built request bytes
 for ``--seconds`` after a warmup; it records every latency. Before a server is timed, the answer
 to the exact request bytes of each of its rows is checked once against our in-process
 ``Processor.process()`` on the same runtime (logits and probability, allclose 1e-5). Writes
@@ -52,7 +52,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import loadgen
+from benchmarks.common import loadgen_command
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
@@ -72,12 +72,12 @@ _NUMPY = {v: k for k, v in _DATATYPES.items() if k != "object"}
 
 # --- load generator (runs in its own process) ---------------------------------------------------
 
-# ``loadgen`` (benchmarks.common) runs in its own process: ``--loadgen SPEC_FILE``.
+# ``loadgen`` (benchmarks.common) runs in its own process (``loadgen_command``).
 
 def run_loadgen(spec: dict, workdir: Path) -> dict:
     spec_file = workdir / "loadgen.json"
     spec_file.write_text(json.dumps(spec))
-    out = subprocess.run([sys.executable, "-m", "benchmarks.bench_server", "--loadgen", str(spec_file)],
+    out = subprocess.run(loadgen_command(spec_file),
                          cwd=ROOT, capture_output=True, text=True,
                          timeout=spec["seconds"] + spec["warmup_seconds"] + 120)
     if out.returncode != 0:
@@ -670,11 +670,7 @@ def main() -> int:
                         "make it with python -m benchmarks.bench_batching --make-triton-venv)")
     parser.add_argument("--skip-triton", action="store_true")
     parser.add_argument("--out-dir", type=Path, help="write server.json/.md here instead of benchmarks/results")
-    parser.add_argument("--loadgen", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.loadgen:
-        print(json.dumps(loadgen(json.loads(Path(args.loadgen).read_text()))))
-        return 0
     if args.make_kserve_venv:
         make_kserve_venv(DEFAULT_KSERVE_VENV)
         return 0

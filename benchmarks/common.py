@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -205,3 +206,15 @@ def make_peer_venv(path: Path, packages: list[str]) -> None:
     subprocess.run([python, "-m", "venv", str(path)], check=True)
     subprocess.run([str(path / "bin" / "pip"), "install", "--quiet", *packages], check=True)
 
+
+
+def loadgen_command(spec_file: Path) -> list[str]:
+    """The command that runs :func:`loadgen` on a JSON spec file in a child process (it prints
+    the result as one JSON line)."""
+    return [sys.executable, "-m", "benchmarks.common", "--loadgen", str(spec_file)]
+
+
+if __name__ == "__main__":  # the load generator's child process (loadgen_command)
+    if sys.argv[1:2] != ["--loadgen"] or len(sys.argv) != 3:
+        sys.exit("usage: python -m benchmarks.common --loadgen SPEC.json")
+    print(json.dumps(loadgen(json.loads(Path(sys.argv[2]).read_text()))))

@@ -33,9 +33,14 @@ def concurrent_mismatches(process: Callable[[bytes], tuple[int, bytes]], request
                 errors.append(f"thread {i} call {n}: status {status}")
                 return
 
-    pool = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    run_threads(worker, threads)
+    return errors
+
+
+def run_threads(worker: Callable[[int], None], threads: int) -> None:
+    """``worker(k)`` for k in range(threads), each on its own thread; returns when all end."""
+    pool = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
     for t in pool:
         t.start()
     for t in pool:
         t.join()
-    return errors

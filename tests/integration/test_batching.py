@@ -15,7 +15,7 @@ import pytest
 
 from conftest import model_config
 from processor import codec
-from sp_checks import wait_for
+from sp_checks import run_threads, wait_for
 
 CTR_BATCHING = {"max_batch_size": 16, "batch_timeout_micros": 5000, "num_batch_threads": 2}
 
@@ -30,11 +30,7 @@ def concurrently(call, items, threads: int = 16) -> list:
         for i in range(k, len(items), threads):
             results[i] = call(items[i])
 
-    pool = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
+    run_threads(worker, threads)
     return results
 
 
