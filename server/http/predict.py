@@ -23,7 +23,7 @@ from processor.signature import Signature
 
 from ..deadline import from_http_headers
 from ..runtime import ServingRuntime
-from . import tfs_json
+from . import tfs_json, tfs_json_encode
 from .body import Receive, read_body
 from .memory_budget import DEFAULT_BUDGET, Hold, MemoryBudget, trim_heap
 
@@ -155,7 +155,7 @@ def tfs_predict(rt: ServingRuntime, name: str, version: int | None, label: str |
         outputs = rt.dataplane.predict(PredictCall(name, decode, version=version, label=label,
                                                    signature_name=request.signature_name,
                                                    deadline=deadline)).outputs
-        return tfs_json.encode_predict(outputs, fmt)
+        return tfs_json_encode.encode_predict(outputs, fmt)
     finally:
         if size >= tfs_json.SMALL_BODY:
             trim_heap()  # hand the freed decode memory back to the OS

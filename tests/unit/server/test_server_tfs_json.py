@@ -6,12 +6,12 @@ import json
 import numpy as np
 import pytest
 
+from processor import request as call_checks
 from processor.dtypes import DT_BOOL, DT_FLOAT, DT_INT32, DT_INT64, DT_STRING
 from processor.errors import InvalidArgument, NotFound
 from processor.signature import Signature, TensorSpec
 from processor.store.model_version import ModelVersion
-from processor import request as call_checks
-from server.http import tfs_json
+from server.http import tfs_json, tfs_json_encode
 from server.http.app import _STATUS_PATH
 from server.http.predict import PREDICT_PATH as _PREDICT_PATH
 
@@ -103,18 +103,18 @@ def test_int32_range_checked():
 
 def test_encode_row_and_columnar():
     one = {"y": np.array([[2.5], [3.0]], np.float32)}
-    assert json.loads(tfs_json.encode_predict(one, tfs_json.ROW)) == {"predictions": [[2.5], [3.0]]}
-    assert json.loads(tfs_json.encode_predict(one, tfs_json.COLUMNAR)) == {"outputs": [[2.5], [3.0]]}
+    assert json.loads(tfs_json_encode.encode_predict(one, tfs_json.ROW)) == {"predictions": [[2.5], [3.0]]}
+    assert json.loads(tfs_json_encode.encode_predict(one, tfs_json.COLUMNAR)) == {"outputs": [[2.5], [3.0]]}
     two = {"p": np.array([0.1, 0.2], np.float64), "label": np.array([b"a", b"b"], dtype=object)}
-    assert json.loads(tfs_json.encode_predict(two, tfs_json.ROW)) == {
+    assert json.loads(tfs_json_encode.encode_predict(two, tfs_json.ROW)) == {
         "predictions": [{"p": 0.1, "label": "a"}, {"p": 0.2, "label": "b"}]}
-    assert json.loads(tfs_json.encode_predict(two, tfs_json.COLUMNAR)) == {
+    assert json.loads(tfs_json_encode.encode_predict(two, tfs_json.COLUMNAR)) == {
         "outputs": {"p": [0.1, 0.2], "label": ["a", "b"]}}
 
 
 def test_encode_bytes_outputs_as_b64():
     out = {"img_bytes": np.array([b"\x00\x01"], dtype=object), "name": np.array([b"\xff"], dtype=object)}
-    body = json.loads(tfs_json.encode_predict(out, tfs_json.COLUMNAR))["outputs"]
+    body = json.loads(tfs_json_encode.encode_predict(out, tfs_json.COLUMNAR))["outputs"]
     assert body["img_bytes"] == [{"b64": base64.b64encode(b"\x00\x01").decode()}]
     assert body["name"] == [{"b64": base64.b64encode(b"\xff").decode()}]  # not UTF-8
 
@@ -122,7 +122,7 @@ def test_encode_bytes_outputs_as_b64():
 def test_row_response_needs_equal_batch():
     out = {"a": np.zeros((2, 1), np.float32), "b": np.zeros((3,), np.float32)}
     with pytest.raises(InvalidArgument, match="columnar"):
-        tfs_json.encode_predict(out, tfs_json.ROW)
+        tfs_json_encode.encode_predict(out, tfs_json.ROW)
 
 
 @pytest.mark.parametrize("path, groups", [

@@ -12,12 +12,12 @@ import random
 import numpy as np
 import pytest
 
+from processor import request as call_checks
 from processor.dtypes import DT_BOOL, DT_DOUBLE, DT_FLOAT, DT_INT32, DT_INT64, DT_STRING
 from processor.errors import InvalidArgument, NotFound, PayloadTooLarge, ProcessorError, Unavailable
 from processor.signature import Signature, TensorSpec
-from processor import request as call_checks
 from server.http import body as body_mod
-from server.http import json_stream, memory_budget, tfs_json
+from server.http import json_stream, memory_budget, tfs_json, tfs_json_encode
 
 TOY = Signature("serving_default", {"x": TensorSpec("x", "x:0", DT_FLOAT, (-1, 1))}, {})
 MULTI = Signature("serving_default", {
@@ -206,8 +206,8 @@ def test_element_limit_small_body():
 @pytest.mark.parametrize("fmt", [tfs_json.ROW, tfs_json.COLUMNAR])
 def test_response_in_runs_is_byte_identical(outputs, fmt, monkeypatch):
     def whole() -> bytes:  # the response as one dumps of the whole document
-        columns = {name: tfs_json._to_json(name, a) for name, a in outputs.items()}
-        dumps = tfs_json._fast_dumps if all(tfs_json._finite(a) for a in outputs.values()) else tfs_json._dumps
+        columns = {name: tfs_json_encode._to_json(name, a) for name, a in outputs.items()}
+        dumps = tfs_json_encode._fast_dumps if all(tfs_json_encode._finite(a) for a in outputs.values()) else tfs_json_encode._dumps
         if fmt == tfs_json.COLUMNAR:
             return dumps({"outputs": next(iter(columns.values())) if len(columns) == 1 else columns})
         names = list(columns)
@@ -215,8 +215,8 @@ def test_response_in_runs_is_byte_identical(outputs, fmt, monkeypatch):
         return dumps({"predictions": rows})
 
     expected = whole()
-    monkeypatch.setattr(tfs_json, "_ENCODE_RUN", 7)
-    assert tfs_json.encode_predict(outputs, fmt) == expected
+    monkeypatch.setattr(tfs_json_encode, "_ENCODE_RUN", 7)
+    assert tfs_json_encode.encode_predict(outputs, fmt) == expected
 
 
 # --- the decode memory budget and body reading ---------------------------------------------------
