@@ -443,14 +443,16 @@ def test_no_leak_10000_calls_under_lsan(native_build, ctr_files):
     assert res["total"] == 10000 and res["errors"] == 0 and res["mismatches"] == 0
     _assert_no_library_leak(proc.stderr, 10000)
 
-    # The control: the same host not freeing 100 responses is caught, in the library's malloc.
-    proc = run_host(native_build, ctr_files, "--threads", "2", "--calls", "50", "--no-free",
+    # The control: the same host not freeing 1,000 responses is caught, in the library's malloc.
+    proc = run_host(native_build, ctr_files, "--threads", "2", "--calls", "500", "--no-free",
                     host="host_lsan", env=env)
-    # LSan scans conservatively: a stale copy of a pointer (on a stack, in a freed-but-unscrubbed
-    # block) hides a leaked response, more of them on a busy machine (80 of 100 seen in CI). Most
-    # of the 100 must be caught, and none beyond them.
+    # LSan scans conservatively: a stale copy of a pointer left in a live heap block hides a leaked
+    # response. How many are hidden depends on the heap's layout, not on the library: 15-30% here,
+    # 55% of 100 once in CI; the share falls as the leaks grow (1,000: 15% here). So the control
+    # leaks 1,000 and asks that a quarter be caught (a detector that does not work catches none)
+    # and none beyond them.
     ours = [r for r in _leaks(proc.stderr) if r["kind"] == "Direct" and "libserving_processor" in r["stack"]]
-    assert 50 <= sum(r["objects"] for r in ours) <= 100, proc.stderr[-5000:]
+    assert 250 <= sum(r["objects"] for r in ours) <= 1000, proc.stderr[-5000:]
 
 
 def test_no_leak_100000_calls_on_the_native_engine_under_lsan(native_build, ort_files):
