@@ -8,7 +8,8 @@ Request ``{"signature_name", "instances" | "inputs"}``:
 * string inputs take JSON strings (UTF-8) or ``{"b64": "<base64>"}`` for binary values;
   numbers may be ``NaN`` / ``Infinity`` / ``-Infinity``.
 
-Responses are :mod:`server.http.tfs_json_encode`'s.
+One value -> one input's array is :mod:`server.http.tfs_json_values`; responses are
+:mod:`server.http.tfs_json_encode`'s.
 
 Memory: a body up to ``SMALL_BODY`` is parsed whole. A larger one is indexed
 (:mod:`server.http.json_stream`) and its arrays are decoded a run of about 256 KiB of text at a
@@ -23,8 +24,6 @@ functions; thread-safe.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,15 +31,15 @@ from typing import Any
 
 import numpy as np
 
-from processor.dtypes import DT_BOOL, DT_STRING, WIRE_TYPES, dtype_name
+from processor.dtypes import DT_STRING
 from processor.errors import InvalidArgument, PayloadTooLarge
 from processor.signature import Signature, TensorSpec
 
 from .json_stream import CHUNK, Document, Span, clip, slow_loads
+from .tfs_json_values import MAX_DEPTH, check_kind, is_b64, natural, string_array, to_array, wire_type
 
 ROW, COLUMNAR = "row", "columnar"
 
-MAX_DEPTH = 64  # arrays and objects inside each other: a rank-60 tensor in the columnar format
 DEFAULT_MAX_ELEMENTS = 1 << 25  # tensor elements per request (a 64 MiB body holds at most ~32M)
 SMALL_BODY = 256 * 1024  # bodies up to this size are parsed whole; larger ones a run at a time
 _BIG_RUN = 4 * CHUNK  # a run this big holds a big element: split it into its elements
@@ -169,14 +168,14 @@ def _decode_rows(instances: Any, signature: Signature) -> dict[str, np.ndarray]:
         raise InvalidArgument("'instances' must be a list, one element per example")
     if not instances:
         raise InvalidArgument("'instances' is an empty list")
-    if all(isinstance(row, dict) and not _is_b64(row) for row in instances):
+    if all(isinstance(row, dict) and not is_b64(row) for row in instances):
         names = list(instances[0])
         for i, row in enumerate(instances):
             if set(row) != set(names):
                 raise _different_inputs(i, row, names)
         return {name: to_array([row[name] for row in instances], _input(signature, name), name)
                 for name in names}
-    if any(isinstance(row, dict) and not _is_b64(row) for row in instances):
+    if any(isinstance(row, dict) and not is_b64(row) for row in instances):
         raise InvalidArgument("'instances' mixes objects and plain values")
     spec = _only_input(signature, "instances")
     return {spec.alias: to_array(instances, spec, spec.alias)}
@@ -188,7 +187,7 @@ def _different_inputs(i: int, row: dict, names: list[str]) -> InvalidArgument:
 
 
 def _decode_columns(inputs: Any, signature: Signature) -> dict[str, np.ndarray]:
-    if isinstance(inputs, dict) and not _is_b64(inputs):
+    if isinstance(inputs, dict) and not is_b64(inputs):
         if not inputs:
             raise InvalidArgument("'inputs' is an empty object")
         return {name: to_array(value, _input(signature, name), name) for name, value in inputs.items()}
@@ -210,116 +209,6 @@ def _only_input(signature: Signature, key: str) -> TensorSpec:
                               f"{len(signature.inputs)} inputs {sorted(signature.inputs)}; name them "
                               f"with objects")
     return next(iter(signature.inputs.values()))
-
-
-def _is_b64(value: Any) -> bool:
-    return isinstance(value, dict) and len(value) == 1 and "b64" in value
-
-
-def to_array(value: Any, spec: TensorSpec, name: str) -> np.ndarray:
-    """A JSON value (nested lists) as an array of the input's dtype; InvalidArgument if it is not."""
-    if spec.dtype == DT_STRING:
-        return _string_array(value, name)
-    wire = _wire(spec, name)
-    array = _natural(value, name)
-    _check_kind(array, spec, wire, name, final=True)
-    return array.astype(wire.numpy, copy=False)
-
-
-def _wire(spec: TensorSpec, name: str):
-    wire = WIRE_TYPES.get(spec.dtype)
-    if wire is None:
-        raise InvalidArgument(f"input {clip(name)}: dtype {dtype_name(spec.dtype)} cannot be sent as JSON")
-    return wire
-
-
-def _natural(value: Any, name: str) -> np.ndarray:
-    """``np.asarray(value)``: the dtype numpy finds for the JSON values."""
-    try:
-        return np.asarray(value)
-    except (ValueError, OverflowError):
-        depth = 0
-        while isinstance(value, list) and value and depth <= MAX_DEPTH:
-            value, depth = value[0], depth + 1
-        if depth > MAX_DEPTH:  # numpy arrays have 64 dimensions at most
-            raise InvalidArgument(f"input {clip(name)}: nesting deeper than {MAX_DEPTH} levels") from None
-        raise InvalidArgument(f"input {clip(name)}: the nested lists are ragged; every row must have "
-                              f"the same length") from None
-
-
-def _check_kind(array: np.ndarray, spec: TensorSpec, wire, name: str, final: bool) -> None:
-    """InvalidArgument unless ``array`` (numpy's reading of the JSON values) fits the input.
-
-    ``final``: ``array`` holds all the input's values. For a run (``final`` false) booleans pass
-    for a numeric input (numpy reads booleans mixed with numbers as numbers); the caller checks
-    that not all were booleans."""
-    kind = array.dtype.kind
-    if spec.dtype == DT_BOOL:
-        ok = kind == "b"
-    elif wire.numpy.kind in "iu":
-        ok = kind in "iu" or (kind == "b" and not final)
-    else:  # floating and complex
-        ok = kind in "iuf" or (kind == "b" and not final)
-    if not ok:
-        want = "true/false" if spec.dtype == DT_BOOL else (
-            "integers" if wire.numpy.kind in "iu" else "numbers")
-        raise InvalidArgument(f"input {clip(name)} expects {want} ({dtype_name(spec.dtype)}); got "
-                              f"{_describe_kind(array)}")
-    if wire.numpy.kind in "iu" and kind in "iu" and array.size:
-        info = np.iinfo(wire.numpy)
-        if array.min() < info.min or array.max() > info.max:
-            raise InvalidArgument(f"input {clip(name)}: a value is out of range for {dtype_name(spec.dtype)}")
-
-
-def _describe_kind(array: np.ndarray) -> str:
-    return {"U": "strings", "O": "mixed values", "b": "booleans", "f": "floating point numbers",
-            "i": "integers", "u": "integers"}.get(array.dtype.kind, str(array.dtype))
-
-
-def _string_array(value: Any, name: str) -> np.ndarray:
-    if _is_b64(value) or not isinstance(value, list):
-        array = np.empty((), dtype=object)
-        array[()] = _string_value(value, name)
-        return array
-    try:  # numpy finds the shape of the nested lists (leaves: str or {"b64"} objects)
-        array = np.array(value, dtype=object)
-    except ValueError:
-        raise InvalidArgument(f"input {clip(name)}: the nested lists are ragged; every row must have "
-                              f"the same length") from None
-    flat = array.reshape(-1)
-    try:
-        out = [v.encode() if type(v) is str else _string_value(v, name) for v in flat.tolist()]
-    except UnicodeEncodeError as exc:
-        raise _surrogate(name, exc) from None
-    flat[:] = out
-    return array
-
-
-def _surrogate(name: str, exc: UnicodeEncodeError) -> InvalidArgument:
-    bad = exc.object[exc.start:exc.end]
-    return InvalidArgument(f"input {clip(name)}: a string holds an unpaired UTF-16 surrogate "
-                           f"({ascii(bad)[1:-1]}); JSON strings must be valid Unicode (send bytes "
-                           f"as {{\"b64\": ...}})")
-
-
-def _string_value(v: Any, name: str) -> bytes:
-    if isinstance(v, str):
-        try:
-            return v.encode()
-        except UnicodeEncodeError as exc:
-            raise _surrogate(name, exc) from None
-    if _is_b64(v):
-        encoded = v["b64"]
-        if not isinstance(encoded, str):
-            raise InvalidArgument(f"input {clip(name)}: the value of \"b64\" must be a string")
-        try:
-            return base64.b64decode(encoded, validate=True)
-        except (binascii.Error, ValueError):
-            raise InvalidArgument(f"input {clip(name)}: invalid base64 in {{\"b64\": {clip(encoded, 40)}}}") from None
-    if isinstance(v, list):
-        raise InvalidArgument(f"input {clip(name)}: the nested lists are ragged")
-    raise InvalidArgument(f"input {clip(name)} expects strings or {{\"b64\": ...}} objects; got "
-                          f"{type(v).__name__}")
 
 
 # --- large bodies: a run of elements at a time ---------------------------------------------------
@@ -368,7 +257,7 @@ class _Column:
                  final: np.dtype | None) -> None:
         self.spec, self.name, self.count, self.elements = spec, name, count, elements
         self.string = spec.dtype == DT_STRING
-        self.wire = None if self.string else _wire(spec, name)
+        self.wire = None if self.string else wire_type(spec, name)
         self.final = final
         self.kinds: set[np.dtype] = set()
         self.redo = False
@@ -378,14 +267,14 @@ class _Column:
     def add(self, values: list) -> None:
         """The next ``len(values)`` elements, as parsed JSON values."""
         if self.string:
-            part = _string_array(values, self.name)
+            part = string_array(values, self.name)
             self.elements.pay(_string_bytes(part))
         else:
-            part = self._convert(_natural(values, self.name))
+            part = self._convert(natural(values, self.name))
         self._put(part)
 
     def _convert(self, part: np.ndarray) -> np.ndarray:
-        _check_kind(part, self.spec, self.wire, self.name, final=False)
+        check_kind(part, self.spec, self.wire, self.name, final=False)
         self.kinds.add(part.dtype)
         target = self.wire.numpy
         if self.final is not None:
@@ -415,7 +304,7 @@ class _Column:
         if not self.string and self.final is None:
             final = np.result_type(*self.kinds)
             if final.kind == "b" or (self.wire.numpy.kind in "iu" and final.kind not in "iu"):
-                _check_kind(np.empty(0, final), self.spec, self.wire, self.name, final=True)
+                check_kind(np.empty(0, final), self.spec, self.wire, self.name, final=True)
         return self.out
 
     def final_dtype(self) -> np.dtype | None:
@@ -509,7 +398,7 @@ class _Decoder:
         index = self.doc.scan(span, depth, every=CHUNK)
         if index.count == 0:  # "[" and "]" around a lot of whitespace
             value = self.doc.load(span)
-            return _string_array(value, parent.name) if parent.string else parent._convert(_natural(value, parent.name))
+            return string_array(value, parent.name) if parent.string else parent._convert(natural(value, parent.name))
         child = _Column(parent.spec, parent.name, index.count, _Elements(self.elements.limit), parent.final)
         child.kinds = parent.kinds
         self._fill(index, depth, child)
@@ -551,7 +440,7 @@ class _Rows:
 
     def _start(self, first: Any) -> None:
         d = self.decoder
-        self.named = isinstance(first, dict) and not _is_b64(first)
+        self.named = isinstance(first, dict) and not is_b64(first)
         if self.named:
             self.names = list(first)
             self.name_set = set(self.names)
@@ -565,7 +454,7 @@ class _Rows:
         if self.named is None:
             self._start(rows[0])
         for i, row in enumerate(rows):
-            named = isinstance(row, dict) and not _is_b64(row)
+            named = isinstance(row, dict) and not is_b64(row)
             if named != self.named:
                 raise InvalidArgument("'instances' mixes objects and plain values")
             if named and set(row) != self.name_set:
