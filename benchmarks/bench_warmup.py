@@ -5,14 +5,20 @@ model (before: synthetic warmup ran batch 1 only, so the first batch-8 request t
 against ~1 ms). For each model, each backend (ONNX Runtime where the model converts; a refusal
 is recorded as ``refused: ...``) and each warmup mode, one fresh ``processor.processor.Processor``
 with no warmup file (synthetic warmup from the signature), in its own subprocess (so one model's
-warmup cannot warm another's kernels), serves requests at batch 1, then 8, then 64: the first
-request's latency, the median of the next 50 sent back to back (steady state, ``hot``) and their
-ratio, per batch size; and a control, ``cold``: the median of 30 more requests, each sent right
-after writing a buffer larger than the CPU's last-level cache. A one-time cost left in the first
-request (an un-warmed shape, a lazy init) shows as first >> cold (``batch1`` mode at batch 8 shows
-it); first ~ cold means the first request pays only what any request pays after a pause: caches
-and TLBs refilled, which no warmup can keep (for models of a few microseconds that alone is 10-20x
-the hot loop).
+warmup cannot warm another's kernels), serves requests at batch 1, then 8, then 64: per batch
+size the first request's latency, the median of the next 50 sent back to back (steady state,
+``hot``) and their ratio. Every request is encoded before the Processor is created, so the batch-1
+first request is the first thing after ``create()`` returns (a request arriving once the model is
+ready); the first at 8 and at 64 follows the warm batch-1 (then batch-8) loop, so its excess over
+its own hot loop is the one-time cost of a new batch size. Then two controls, the median of 30
+more requests per size each: ``idle``, each sent after a 10 ms sleep (the steady state of a
+serving thread at under 100 requests/s), and ``cold``, each sent right after writing a buffer
+larger than the CPU's last-level cache (a request after a pause in which other work ran). A
+one-time cost left in the first request (an un-warmed shape, a lazy init) shows as first >> idle
+and first >> cold (``batch1`` mode at batch 8 shows it); first <= idle means the first request
+pays no more than any request that does not follow another one back to back: caches and a
+woken core, which no warmup can keep (for models of ten microseconds that alone is 10-20x the
+hot loop).
 
 Warmup modes: ``default`` (the processor's own choice: batch sizes 1, 2, 4, 8 for a synthetic
 request) and ``batch1`` (``warmup_batch_sizes: [1]``: what warmup did before, to show what the
@@ -61,6 +67,7 @@ BACKENDS = ("tensorflow", "onnxruntime")
 MODES = {"default": {}, "batch1": {"warmup_batch_sizes": [1]}}
 TARGET = 3.0
 EVICT_BYTES = 128 << 20  # larger than any last-level cache of the machines we measure on
+IDLE_SECONDS = 0.01
 MODELS = ("wide_deep_examples", "wide_deep_raw", "rejecting", "embedding_module", "static_hash_table",
           "int64_hashing", "keras_hashing", "py_function", "ctr_small", "toy")
 
@@ -146,7 +153,7 @@ def feeds(name: str, n: int, seed: int) -> dict:
 _EVICT = None
 
 
-def evict_caches() -> None:
+def evict_caches(_processor) -> None:
     """Write a buffer larger than the CPU's last-level cache, so the next request finds the
     caches as cold as a request after a pause does (a control for the first request)."""
     global _EVICT
@@ -157,6 +164,16 @@ def evict_caches() -> None:
     _EVICT.fill(_EVICT[0] + 1)
 
 
+def idle(_processor) -> None:
+    """Sleep 10 ms, as a serving thread does between requests below 100 requests/s: the next
+    request finds the core woken from idle and its caches as the rest of the machine left them."""
+    time.sleep(IDLE_SECONDS)
+
+
+# controls: (name, what runs before each of their requests); each gives <name>_ms and <name>_ratio
+CONTROLS = (("idle", idle), ("cold", evict_caches))
+
+
 def child(name: str, backend: str, mode: str, steady: int, cold: int = 30) -> dict:
     from demo.paths import model_config
     from processor import codec
@@ -165,48 +182,64 @@ def child(name: str, backend: str, mode: str, steady: int, cold: int = 30) -> di
 
     paths = build(name)
     config = model_config(paths, backend=backend, **MODES[mode])
-    started = time.perf_counter()
+    # every request is encoded before the Processor exists: the batch-1 first request is the
+    # first thing after create() returns, as a request arriving once the model is ready is
+    bodies = {batch: {"first": codec.encode_request(feeds(name, batch, 1)),
+                      "hot": [codec.encode_request(feeds(name, batch, 2 + i)) for i in range(steady)],  # all distinct
+                      **{control: [codec.encode_request(feeds(name, batch, 1000 * (k + 1) + i)) for i in range(cold)]
+                         for k, (control, _) in enumerate(CONTROLS)}}
+              for batch in BATCHES}
+    clock = time.perf_counter
+    started = clock()
     try:
         p = Processor.create("", json.dumps(config))
     except ProcessorError as err:
         return {"refused": f"{type(err).__name__}: {err.message}"}
-    load_s = time.perf_counter() - started
+    load_s = clock() - started
     try:
-        info = p.model_info()
-        warmup = {k: info["warmup"].get(k) for k in ("source", "runs", "batch_sizes", "batch_runs",
-                                                      "skipped", "seconds")}
-        out = {"load_s": round(load_s, 3), "warmup": warmup, "batches": {}}
+        cells: dict = {}
+        # phase 1, per batch size in turn: its first request, then the hot loop. The first at 8
+        # and 64 follows the warm batch-1 loop, so what it pays over its own hot loop is the
+        # one-time cost of a new batch size (what multi-size warmup removes)
         for batch in BATCHES:
-            first_body = codec.encode_request(feeds(name, batch, 1))
-            bodies = [codec.encode_request(feeds(name, batch, 2 + i)) for i in range(steady)]  # all distinct
-            clock = time.perf_counter
             t0 = clock()
-            status, reply = p.process(first_body)
+            status, reply = p.process(bodies[batch]["first"])
             first = clock() - t0
             if status != 200:
-                out["batches"][str(batch)] = {"error": f"{status}: {reply[:200]!r}"}
+                cells[batch] = {"error": f"{status}: {reply[:200]!r}"}
                 continue
             times = []
-            for body in bodies:
+            for body in bodies[batch]["hot"]:
                 t0 = clock()
                 status, _ = p.process(body)
                 times.append(clock() - t0)
                 assert status == 200
-            median = statistics.median(times)
-            cold_times = []
-            for i in range(cold):
-                body = codec.encode_request(feeds(name, batch, 1000 + i))
-                evict_caches()
-                t0 = clock()
-                status, _ = p.process(body)
-                cold_times.append(clock() - t0)
-                assert status == 200
-            cold_median = statistics.median(cold_times)
-            out["batches"][str(batch)] = {"first_ms": round(first * 1e3, 3), "steady_ms": round(median * 1e3, 3),
-                                          "ratio": round(first / median, 2),
-                                          "excess_ms": round((first - median) * 1e3, 3),
-                                          "cold_ms": round(cold_median * 1e3, 3),
-                                          "cold_ratio": round(first / cold_median, 2)}
+            cells[batch] = {"first": first, "hot": statistics.median(times)}
+        # phase 2, the controls: the same kind of requests after other work, after a pause
+        for batch, cell in cells.items():
+            if "error" in cell:
+                continue
+            for control, before in CONTROLS:
+                times = []
+                for body in bodies[batch][control]:
+                    before(p)
+                    t0 = clock()
+                    status, _ = p.process(body)
+                    times.append(clock() - t0)
+                    assert status == 200
+                cell[control] = statistics.median(times)
+        info = p.model_info()
+        warmup = {k: info["warmup"].get(k) for k in ("source", "runs", "batch_sizes", "batch_runs",
+                                                      "skipped", "seconds")}
+        out = {"load_s": round(load_s, 3), "warmup": warmup, "batches": {}}
+        for batch, cell in cells.items():
+            if "error" in cell:
+                out["batches"][str(batch)] = cell
+                continue
+            first, hot = cell["first"], cell["hot"]
+            out["batches"][str(batch)] = {"first_ms": round(first * 1e3, 3), "steady_ms": round(hot * 1e3, 3),
+                                          "ratio": round(first / hot, 2), "excess_ms": round((first - hot) * 1e3, 3),
+                                          **_control_cells(first * 1e3, {c: cell[c] * 1e3 for c, _ in CONTROLS})}
         return out
     finally:
         p.close()
@@ -226,11 +259,20 @@ def combine(runs: list[dict]) -> dict:
             continue
         first = statistics.median(c["first_ms"] for c in cells)
         steady = statistics.median(c["steady_ms"] for c in cells)
-        cold = statistics.median(c["cold_ms"] for c in cells)
+        controls = {control: statistics.median(c[f"{control}_ms"] for c in cells) for control, _ in CONTROLS}
         out["batches"][batch] = {"first_ms": round(first, 3), "steady_ms": round(steady, 3),
                                  "ratio": round(first / steady, 2), "excess_ms": round(first - steady, 3),
-                                 "cold_ms": round(cold, 3), "cold_ratio": round(first / cold, 2),
+                                 **_control_cells(first, controls),
                                  "ratio_per_repeat": [c["ratio"] for c in cells]}
+    return out
+
+
+def _control_cells(first_ms: float, controls_ms: dict[str, float]) -> dict:
+    """``<control>_ms`` and ``<control>_ratio`` (first / control) for each control."""
+    out = {}
+    for control, ms in controls_ms.items():
+        out[f"{control}_ms"] = round(ms, 3)
+        out[f"{control}_ratio"] = round(first_ms / ms, 2)
     return out
 
 
@@ -265,25 +307,29 @@ def versions() -> dict:
 
 def markdown(rows: list[dict], payload: dict) -> str:
     lines = [f"# First request after warmup vs steady state ({payload['cpus']} CPUs, {payload['machine']})", "",
-             f"Fresh Processor per row (own subprocess), no warmup file. Per batch size: the first request; "
+             "Fresh Processor per row (own subprocess), no warmup file, every request encoded before it is created. "
+             "Per batch size (1, then 8, then 64): the first request (at batch 1: the first thing after "
+             "`create()` returns; at 8 and 64: right after the hot loop of the size before); "
              f"`hot`: the median of the next {payload['steady']}, sent back to back (caches warm from the "
-             f"previous request); `cold`: the median of {payload['cold']} more, each sent right after "
-             f"writing {EVICT_BYTES >> 20} MiB (more than the last-level cache), i.e. the steady state of a "
-             "request that finds the CPU caches as a pause leaves them. Ratios: first / hot, first / cold. "
+             f"previous request); two controls, the median of {payload['cold']} more requests each: `idle`, each "
+             f"sent after a {IDLE_SECONDS * 1e3:g} ms sleep (a serving thread at under 100 requests/s), and `cold`, "
+             f"each sent right after writing {EVICT_BYTES >> 20} MiB (more than the last-level cache: a request "
+             "after a pause in which other work ran). "
+             "Ratios: first / hot, first / idle, first / cold. "
              f"Medians over {payload['repeat']} fresh processes per row. Target: first <= {TARGET:g}x steady. "
              "`default`: warmup at its own sizes (1, 2, 4, 8 for synthetic requests); `batch1`: "
              "`warmup_batch_sizes: [1]` (the old behaviour). Batch 64 is above the default warmed sizes. "
              "Times in ms.", "",
-             "| model | backend | warmup | warmed sizes | b1 first / hot / cold | b1 vs hot, cold "
-             "| b8 first / hot / cold | b8 vs hot, cold | b64 first / hot / cold | b64 vs hot, cold "
-             "| <= 3x hot at 1, 8 | <= 3x cold at 1, 8, 64 |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| model | backend | warmup | warmed sizes | b1 first / hot / idle / cold | b1 vs hot, idle, cold "
+             "| b8 first / hot / idle / cold | b8 vs hot, idle, cold | b64 first / hot / idle / cold "
+             "| b64 vs hot, idle, cold | <= 3x hot at 1, 8 | <= 3x idle at 1, 8, 64 | <= 3x cold at 1, 8, 64 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         head = f"| {r['model']} | {r['backend']} | {r['mode']} |"
         if "refused" in r or "error" in r:
             text = r.get("refused") or r.get("error")
             lines.append(head + f" {'refused' if 'refused' in r else 'error'}: {text[:160].replace('|', '/')} "
-                         "| | | | | | | | |")
+                         "| | | | | | | | | |")
             continue
         cells = [str(r["warmup"].get("batch_sizes")) + (" (skipped)" if r["warmup"].get("skipped") else "")]
         for b in BATCHES:
@@ -291,28 +337,33 @@ def markdown(rows: list[dict], payload: dict) -> str:
             if "error" in c:
                 cells += [c["error"][:60], ""]
             else:
-                cells += [f"{c['first_ms']:.2f} / {c['steady_ms']:.2f} / {c['cold_ms']:.2f}",
-                          f"{c['ratio']:.1f}x, {c['cold_ratio']:.1f}x"]
-        hot, cold = worst(r, (1, 8)), worst(r, BATCHES, "cold_ratio")
-        cells += ["yes" if hot is not None and hot <= TARGET else "**no**",
-                  "yes" if cold is not None and cold <= TARGET else "**no**"]
+                cells += [" / ".join(f"{c[k]:.2f}" for k in ("first_ms", "steady_ms", "idle_ms", "cold_ms")),
+                          ", ".join(f"{c[k]:.1f}x" for k in ("ratio", "idle_ratio", "cold_ratio"))]
+        for batches, key in MEASURES:
+            ratio = worst(r, batches, key)
+            cells.append("yes" if ratio is not None and ratio <= TARGET else "**no**")
         lines.append(head + " " + " | ".join(cells) + " |")
-    lines += ["", "| backend | warmup | worst vs hot at 1, 8 (model) | worst vs cold at 1, 8, 64 (model) | "
-              "rows <= 3x hot at 1, 8 | rows <= 3x cold at 1, 8, 64 | worst first - hot at 1, 8 (ms) |",
+    lines += ["", "| backend | warmup | worst vs hot at 1, 8 (model) | worst vs idle at 1, 8, 64 (model) "
+              "| worst vs cold at 1, 8, 64 (model) | rows <= 3x hot / idle / cold | worst first - hot at 1, 8 (ms) |",
               "|---|---|---|---|---|---|---|"]
     for h in payload["headline"]:
-        lines.append(f"| {h['backend']} | {h['mode']} | {h['worst_1_8']}x ({h['worst_1_8_model']}) | "
-                     f"{h['worst_cold']}x ({h['worst_cold_model']}) | {h['meet_1_8']} | {h['meet_cold']} | "
+        worsts = " | ".join(f"{w['ratio']}x ({w['model']})" for w in h["worst"].values())
+        meets = " / ".join(w["meet"] for w in h["worst"].values())
+        lines.append(f"| {h['backend']} | {h['mode']} | {worsts} | {meets} | "
                      f"{h['worst_excess_ms_1_8']} ({h['worst_excess_at']}) |")
     lines += ["", "Excluding `rejecting` (its synthetic warmup is skipped by design, so its first request is cold):",
               ""]
     for h in payload["headline"]:
-        lines.append(f"* {h['backend']} / {h['mode']}: worst vs hot at 1, 8 = {h['worst_1_8_excl_rejecting']}x, "
-                     f"worst vs cold at 1, 8, 64 = {h['worst_cold_excl_rejecting']}x")
+        lines.append(f"* {h['backend']} / {h['mode']}: " + ", ".join(
+            f"worst vs {name} = {w['excl_rejecting']}x" for name, w in h["worst"].items()))
     lines += ["", f"Versions: {payload['versions']}; load average before/after "
               f"{payload['load_average_before_after']}; runtime {payload['runtime_s']} s. A single first request is noisy on a "
               "shared machine: medians over the repeats."]
     return "\n".join(lines)
+
+
+# what the target is checked against: the hot loop at the warmed sizes, the controls at every size
+MEASURES = (((1, 8), "ratio"), (BATCHES, "idle_ratio"), (BATCHES, "cold_ratio"))
 
 
 def headline(rows: list[dict]) -> list[dict]:
@@ -323,28 +374,21 @@ def headline(rows: list[dict]) -> list[dict]:
             if not served:
                 continue
 
-            def top(batches, pool):
-                scored = [(worst(r, batches), r["model"]) for r in pool if worst(r, batches) is not None]
+            def top(batches, key, pool):
+                scored = [(worst(r, batches, key), r["model"]) for r in pool if worst(r, batches, key) is not None]
                 return max(scored) if scored else (None, None)
-            def top_cold(pool):
-                scored = [(worst(r, BATCHES, "cold_ratio"), r["model"]) for r in pool
-                          if worst(r, BATCHES, "cold_ratio") is not None]
-                return max(scored) if scored else (None, None)
-            w18, m18 = top((1, 8), served)
-            wall, mall = top(BATCHES, served)
-            wcold, mcold = top_cold(served)
+
             kept = [r for r in served if r["model"] != "rejecting"]
-            wx, _ = top((1, 8), kept)
-            wxcold, _ = top_cold(kept)
+            summary = {}
+            for (batches, key), name in zip(MEASURES, ("hot", "idle", "cold")):
+                ratio, model = top(batches, key, served)
+                meet = sum(1 for r in served if (worst(r, batches, key) or 1e9) <= TARGET)
+                summary[name] = {"ratio": ratio, "model": model, "excl_rejecting": top(batches, key, kept)[0],
+                                 "meet": f"{meet}/{len(served)}"}
             excess = [(r["batches"][str(b)].get("excess_ms"), r["model"], b) for r in served for b in (1, 8)
                       if str(b) in r["batches"] and r["batches"][str(b)].get("excess_ms") is not None]
             ex, exm, exb = max(excess) if excess else (None, None, None)
-            meet = sum(1 for r in served if (worst(r, (1, 8)) or 1e9) <= TARGET)
-            meet_cold = sum(1 for r in served if (worst(r, BATCHES, "cold_ratio") or 1e9) <= TARGET)
-            out.append({"backend": backend, "mode": mode, "worst_1_8": w18, "worst_1_8_model": m18,
-                        "worst_all": wall, "worst_all_model": mall, "worst_1_8_excl_rejecting": wx,
-                        "worst_cold": wcold, "worst_cold_model": mcold, "worst_cold_excl_rejecting": wxcold,
-                        "meet_1_8": f"{meet}/{len(served)}", "meet_cold": f"{meet_cold}/{len(served)}",
+            out.append({"backend": backend, "mode": mode, "worst": summary,
                         "worst_excess_ms_1_8": ex, "worst_excess_at": f"{exm} b{exb}"})
     return out
 
@@ -353,7 +397,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--steady", type=int, default=50)
-    parser.add_argument("--cold", type=int, default=30, help="cache-cold requests per batch size (the control)")
+    parser.add_argument("--cold", type=int, default=30, help="requests per batch size for each control")
     parser.add_argument("--repeat", type=int, default=3, help="fresh processes per row (medians)")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -378,7 +422,8 @@ def main() -> None:
                     result = combine([result] + [run_child(name, backend, mode, args.steady, args.cold)
                                                  for _ in range(args.repeat - 1)])
                 rows.append({"model": name, "backend": backend, "mode": mode, **result})
-                brief = {b: [v.get("ratio"), v.get("cold_ratio")] for b, v in result.get("batches", {}).items()}
+                brief = {b: [v.get(k) for k in ("ratio", "idle_ratio", "cold_ratio")]
+                         for b, v in result.get("batches", {}).items()}
                 print(json.dumps({"model": name, "backend": backend, "mode": mode,
                                   **({"ratios": brief} if brief else {k: str(result.get(k))[:160]
                                                                        for k in ("refused", "error") if k in result})}),
