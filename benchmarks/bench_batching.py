@@ -42,7 +42,6 @@ Prints and writes ``benchmarks/results/batching.json`` and ``.md``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -56,13 +55,13 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import loadgen_command
+from benchmarks.peers import (MODEL, OUTPUTS, TRITON_PEER, check_same, peer_tool, peer_versions, triton_python,
+                              triton_server)
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
-MODEL = "ctr"
 TARGET_CLIENTS = 32
 TARGET_RATIO = 3.0
-OUTPUTS = ("logits", "probability")
 
 
 # --- configuration ------------------------------------------------------------------------------
@@ -177,18 +176,6 @@ def answer(body: bytes) -> dict[str, np.ndarray]:
 
     out = codec.decode_response(body)
     return {k: np.asarray(out[k], dtype=np.float64) for k in OUTPUTS}
-
-
-def check_same(what: str, got: dict, want: dict, atol: float = 1e-5) -> float:
-    worst = 0.0
-    for k in OUTPUTS:
-        a, b = np.asarray(got[k], dtype=np.float64).reshape(-1), want[k].reshape(-1)
-        if a.shape != b.shape:
-            raise AssertionError(f"{what}: {k} has shape {a.shape}, want {b.shape}")
-        worst = max(worst, float(np.max(np.abs(a - b), initial=0.0)))
-    if worst > atol:
-        raise AssertionError(f"{what}: outputs differ from our process() by {worst:.3g} (> {atol})")
-    return worst
 
 
 # --- ours ---------------------------------------------------------------------------------------
@@ -311,12 +298,6 @@ def bare_limits(proc, reqs: Requests, args) -> list[dict]:
 
 # --- the Triton peer ----------------------------------------------------------------------------
 
-def triton_python(args) -> Path:
-    from benchmarks.triton_peer import DEFAULT_VENV
-
-    return Path(args.triton_python) if args.triton_python else DEFAULT_VENV / "bin" / "python"
-
-
 def bench_triton(args, tpy: Path, paths, reqs: Requests, reference: dict, work: Path, rows: list) -> str:
     """Triton rows (batching off and on); returns what ran (versions) for the notes."""
     from processor.processor import Processor
@@ -329,9 +310,9 @@ def bench_triton(args, tpy: Path, paths, reqs: Requests, reference: dict, work: 
     finally:
         probe.close()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LD_LIBRARY_PATH")}
-    peer = str(HERE / "triton_peer.py")
+    peer = str(TRITON_PEER)
     for batch in args.batches:
-        _peer_tool([str(tpy), peer, "requests", "--model-dir", model_dir, "--feeds", str(reqs.peer_feeds[batch]),
+        peer_tool([str(tpy), peer, "requests", "--model-dir", model_dir, "--feeds", str(reqs.peer_feeds[batch]),
                     "--out-dir", str(work / f"triton-{batch}")], env, work)
     settings = batching_settings(args)
     for mode in ("off", "on"):
@@ -344,7 +325,7 @@ def bench_triton(args, tpy: Path, paths, reqs: Requests, reference: dict, work: 
         with triton_server(tpy, work, env, f"triton-{mode}.log", serve_args) as (http_port, grpc_port):
             for batch in args.batches:
                 out = work / f"triton-check-{mode}-{batch}.npz"
-                _peer_tool([str(tpy), peer, "check", "--feeds", str(reqs.peer_feeds[batch]), "--http-port",
+                peer_tool([str(tpy), peer, "check", "--feeds", str(reqs.peer_feeds[batch]), "--http-port",
                             str(http_port), "--grpc-port", str(grpc_port), "--out", str(out)], env, work)
                 got = np.load(out)
                 for proto in ("http", "grpc"):
@@ -374,86 +355,6 @@ def bench_triton(args, tpy: Path, paths, reqs: Requests, reference: dict, work: 
                               f"p99 {result['p99_ms']:7.2f} ms  errors {result['errors']}  "
                               f"client {result['client_cores']:.2f} cores", flush=True)
     return peer_versions(tpy, env)
-
-
-@contextlib.contextmanager
-def triton_server(tpy: Path, work: Path, env: dict, log_name: str, serve_args: list[str]):
-    """``triton_peer.py serve`` (in the Triton venv) on free ports, until its model is ready:
-    yields (http port, grpc port); stopped with everything it started afterwards. RuntimeError
-    with the log's last error when it does not come up."""
-    from benchmarks.bench_server import free_port, wait_http
-
-    http_port, grpc_port = free_port(), free_port()
-    log = work / log_name
-    command = [str(tpy), str(HERE / "triton_peer.py"), "serve", "--http-port", str(http_port),
-               "--grpc-port", str(grpc_port), *serve_args]
-    proc = subprocess.Popen(command, cwd=work, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    try:
-        try:
-            wait_http(f"http://127.0.0.1:{http_port}/v2/models/{MODEL}/ready", proc, timeout=240)
-        except Exception as exc:
-            lines = log.read_text(errors="replace").splitlines() or ["(empty log)"]
-            why = next((x for x in reversed(lines) if "Error" in x), lines[-1])
-            raise RuntimeError(f"Triton did not start ({exc}; log {log}): {why[-400:]}") from None
-        yield http_port, grpc_port
-    finally:
-        stop_group(proc)
-
-
-def peer_versions(tpy: Path, env: dict) -> str:
-    """"ran: <package> <version>, ..." of the Triton venv."""
-    versions = subprocess.run([str(tpy), str(HERE / "triton_peer.py"), "versions"], capture_output=True,
-                              text=True, env=env).stdout
-    return "ran: " + ", ".join(f"{k} {v}" for k, v in json.loads(versions).items())
-
-
-def _peer_tool(command: list[str], env: dict, cwd: Path) -> None:
-    """Run a triton_peer.py subcommand in the Triton venv; its stderr's end in the error if it fails."""
-    out = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
-    if out.returncode != 0:
-        last = (out.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise RuntimeError(f"triton_peer.py {command[2]} failed ({out.returncode}): {last[-500:]}")
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether a live (not zombie) process is left in process group ``pgid``."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
-
-
-def stop_group(proc: subprocess.Popen) -> None:
-    """Stop the peer and everything it started (its own process group).
-
-    SIGTERM makes PyTriton stop its tritonserver and stubs, but a tritonserver can outlive the
-    Python process for its exit timeout; the group gets SIGTERM, then SIGKILL after 15 s.
-    """
-    import signal
-
-    def signal_group(sig) -> None:
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    proc.terminate()
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        signal_group(signal.SIGKILL)
-        proc.wait(30)
-    signal_group(signal.SIGTERM)
-    deadline = time.monotonic() + 15
-    while _group_alive(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    if _group_alive(proc.pid):
-        signal_group(signal.SIGKILL)
 
 
 # --- the run ------------------------------------------------------------------------------------

@@ -40,7 +40,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import struct
 import subprocess
 import sys
@@ -53,14 +52,14 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import loadgen_command
+from benchmarks.peers import (MODEL, OUTPUTS, TRITON_PEER, check_same, free_port, peer_tool, peer_versions, post_json,
+                              triton_python, triton_server, wait_http)
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
 DEFAULT_KSERVE_VENV = ROOT / "artifacts" / "kserve-venv"
-MODEL = "ctr"
 BATCHES = (1, 256)
 TARGET = 1.5
-OUTPUTS = ("logits", "probability")
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 HEADER_LENGTH = "Inference-Header-Content-Length"
 # API names shared by every server that speaks them (the like-for-like table matches on them)
@@ -219,23 +218,6 @@ def v2_grpc(target: str, body: bytes) -> dict[str, np.ndarray]:
     return out
 
 
-def check_same(what: str, got: dict, want: dict[str, np.ndarray]) -> float:
-    """``got``'s logits and probability allclose (1e-5) to our process() answer; the max abs diff."""
-    worst = 0.0
-    for key in OUTPUTS:
-        if key not in got:
-            raise AssertionError(f"{what}: no output {key!r} (got {sorted(got)})")
-        a, b = np.asarray(got[key], dtype=np.float64).reshape(-1), want[key].reshape(-1)
-        if a.shape != b.shape:
-            raise AssertionError(f"{what}: {key} has {a.size} values, want {b.size}")
-        if not np.allclose(a, b, rtol=1e-5, atol=1e-5):
-            raise AssertionError(f"{what}: {key} differs from our process() (max abs diff "
-                                 f"{np.max(np.abs(a - b)):.3g})")
-        worst = max(worst, float(np.max(np.abs(a - b), initial=0.0)))
-    print(f"  checked {what}: max abs diff {worst:.2g}", flush=True)
-    return worst
-
-
 def process_answers(config: dict, bodies: dict, name: str) -> tuple[dict, dict]:
     """Our in-process ``Processor.process()`` answers per batch (logits, probability as float64) and
     the model's description (its ``cache`` entry for onnxruntime: the ONNX file Triton serves)."""
@@ -259,33 +241,6 @@ def process_answers(config: dict, bodies: dict, name: str) -> tuple[dict, dict]:
 
 
 # --- servers -------------------------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url: str, proc: subprocess.Popen, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"{url} not ready after {timeout} s")
-
-
-def post_json(url: str, body: bytes) -> dict:
-    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        return json.loads(resp.read())
-
 
 def check_probabilities(name: str, got, want: np.ndarray) -> None:
     got = np.asarray(got, dtype=np.float64).reshape(want.shape)
@@ -445,9 +400,8 @@ def bench(args) -> dict:
                                None, lambda: run_kserve(args, kpy, savedmodel, bodies, reference,
                                                         expected["tensorflow"], work, measure, check))
     # Triton
-    from benchmarks.triton_peer import DEFAULT_VENV as DEFAULT_TRITON_VENV
 
-    tpy = Path(args.triton_python) if args.triton_python else DEFAULT_TRITON_VENV / "bin" / "python"
+    tpy = triton_python(args)
     no_onnx = f"no ONNX conversion of the model ({notes.get('ours_onnxruntime')})" if onnx_dir is None else None
     notes["triton"] = run_peer("Triton", tpy, args.skip_triton,
                                ".venv/bin/python -m benchmarks.bench_batching --make-triton-venv", no_onnx,
@@ -527,12 +481,10 @@ def _kserve_env() -> dict:
 def run_triton(args, tpy: Path, onnx_dir: str, config: dict, bodies, expected, work: Path, measure, check) -> str:
     """Triton rows: v2 REST binary and gRPC ModelInfer, the ONNX file on ONNX Runtime in PyTriton's
     Python backend, as many instances as our sessions, our thread settings, no dynamic batcher."""
-    from benchmarks.bench_batching import _peer_tool, peer_versions, triton_server
-
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LD_LIBRARY_PATH")}
-    peer = str(HERE / "triton_peer.py")
+    peer = str(TRITON_PEER)
     for batch in args.batches:  # request bytes built with tritonclient (binary inputs and outputs)
-        _peer_tool([str(tpy), peer, "requests", "--model-dir", onnx_dir, "--feeds", str(bodies[batch]["peer_npz"]),
+        peer_tool([str(tpy), peer, "requests", "--model-dir", onnx_dir, "--feeds", str(bodies[batch]["peer_npz"]),
                     "--out-dir", str(work / f"triton-{batch}")], env, work)
     print(f"Triton (pytriton, {config['session_num']} ONNX Runtime instances, no dynamic batcher)", flush=True)
     serve_args = ["--model-dir", onnx_dir, "--batching", "off", "--max-batch-size", str(max(args.batches)),
