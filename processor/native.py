@@ -1,7 +1,8 @@
 """The request path's native extension, ``processor._native`` (built from ``native/``).
 
 It decodes PredictRequest bytes into numpy arrays, writes PredictResponse bytes and computes
-TensorFlow's string fingerprints, releasing the GIL for the work (``native/src/module.cc``).
+TensorFlow's string fingerprints, releasing the GIL for the work (``native/src/module.cc``; the
+bindings of the ONNX Runtime engine and the batcher are ``module_engine.cc``).
 The Python code it replaces stays as the reference it is tested against and as the fallback
 for what it does not take (:mod:`processor.wire_codec`).
 

@@ -4,6 +4,7 @@
 //   decode(plan, data)         PredictRequest bytes -> (feeds, response keys, output aliases), or None
 //   encode(keys, arrays)       response keys + output arrays -> PredictResponse bytes, or None
 //   fingerprint64(values)      object array of bytes/str -> uint64 Fingerprint64 array, or None
+//   OrtEngine, Batcher         whole requests on ONNX Runtime and the batching queue: module_engine.cc
 //
 // None always means "not taken by the fast path": the caller runs the Python reference
 // (processor/codec.py, processor/engine/string_hash.py), which produces the result or the exact
@@ -23,12 +24,12 @@
 #include <optional>
 
 #include "fingerprint.h"
-#include "batcher.h"
-#include "ort_engine.h"
+#include "module_engine.h"
 #include "request.h"
 #include "response.h"
 
 namespace nb = nanobind;
+using sp::py::PyPlan;
 
 namespace {
 
@@ -47,15 +48,6 @@ class MaybeRelease {
 
  private:
   PyThreadState* state_;
-};
-
-// A compiled signature plus the Python objects decode() hands out (aliases as dict keys, the
-// default fetches tuple), made once.
-struct PyPlan {
-  sp::Plan plan;
-  std::vector<nb::object> input_aliases;
-  std::vector<nb::object> output_aliases;
-  nb::object all_aliases;  // (alias, ...): keys and aliases for an empty output_filter
 };
 
 std::string key_of(nb::handle h) { return nb::cast<std::string>(h); }
@@ -287,205 +279,11 @@ nb::object fingerprint64(nb::handle values) {
   return out;
 }
 
-// An Engine and the Python objects whose memory it uses (the parameter arrays).
-struct PyEngine {
-  std::unique_ptr<sp::ort::Engine> engine;
-  std::vector<nb::object> keep;
-};
-
-int ort_type(PyArrayObject* a) {
-  switch (PyArray_TYPE(a)) {
-    case NPY_FLOAT32: return sp::ort::kFloat;
-    case NPY_FLOAT64: return sp::ort::kDouble;
-    case NPY_FLOAT16: return sp::ort::kFloat16;
-    case NPY_INT8: return sp::ort::kInt8;
-    case NPY_UINT8: return sp::ort::kUint8;
-    case NPY_INT16: return sp::ort::kInt16;
-    case NPY_UINT16: return sp::ort::kUint16;
-    case NPY_INT32: return sp::ort::kInt32;
-    case NPY_UINT32: return sp::ort::kUint32;
-    case NPY_UINT64: return sp::ort::kUint64;
-    case NPY_BOOL: return sp::ort::kBool;
-    default:
-      if (PyArray_ISSIGNED(a) && PyArray_ITEMSIZE(a) == 8) return sp::ort::kInt64;
-      return 0;
-  }
-}
-
-void make_engine(PyEngine* self, const std::string& library, const std::string& model_path, nb::list params,
-                 nb::list sessions, std::vector<int> lane_session, std::vector<std::string> input_names,
-                 std::vector<std::string> output_names, int global_intra, int global_inter) {
-  std::string err;
-  const sp::ort::Api* api = sp::ort::load_api(library, err);
-  if (!api) throw std::runtime_error(err);
-  std::vector<sp::ort::Parameter> ps;
-  std::vector<nb::object> keep;
-  for (nb::handle item : params) {  // (name, C-contiguous ndarray)
-    nb::tuple t = nb::cast<nb::tuple>(item);
-    if (!PyArray_Check(t[1].ptr())) throw std::runtime_error("a parameter is not a numpy array");
-    auto* a = reinterpret_cast<PyArrayObject*>(t[1].ptr());
-    int type = ort_type(a);
-    if (!PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISNOTSWAPPED(a) || type == 0)
-      throw std::runtime_error("parameter " + nb::cast<std::string>(t[0]) + " is not a contiguous numeric array");
-    sp::ort::Parameter p;
-    p.name = nb::cast<std::string>(t[0]);
-    p.data = PyArray_DATA(a);
-    p.bytes = size_t(PyArray_NBYTES(a));
-    p.shape.assign(PyArray_DIMS(a), PyArray_DIMS(a) + PyArray_NDIM(a));
-    p.element_type = type;
-    ps.push_back(std::move(p));
-    keep.push_back(nb::borrow(t[1]));
-  }
-  std::vector<sp::ort::SessionSpec> specs;
-  for (nb::handle item : sessions) {  // (per_session_threads, intra, inter, affinities, cuda options)
-    nb::tuple t = nb::cast<nb::tuple>(item);
-    sp::ort::SessionSpec s;
-    s.per_session_threads = nb::cast<bool>(t[0]);
-    s.intra_threads = nb::cast<int>(t[1]);
-    s.inter_threads = nb::cast<int>(t[2]);
-    s.affinities = nb::cast<std::string>(t[3]);
-    for (auto kv : nb::cast<nb::dict>(t[4])) s.cuda.emplace_back(nb::cast<std::string>(kv.first), nb::cast<std::string>(kv.second));
-    specs.push_back(std::move(s));
-  }
-  std::unique_ptr<sp::ort::Engine> engine;
-  {
-    nb::gil_scoped_release nogil;  // session creation takes a while; the arrays are kept alive
-    engine = std::make_unique<sp::ort::Engine>(api, model_path, ps, specs, std::move(lane_session),
-                                               std::move(input_names), std::move(output_names),
-                                               global_intra, global_inter);
-  }
-  new (self) PyEngine{std::move(engine), std::move(keep)};
-}
-
-// A read-only view of a bytes-like object for the duration of a call.
-struct Borrowed {
-  Py_buffer view;
-  explicit Borrowed(nb::handle data) {
-    if (PyObject_GetBuffer(data.ptr(), &view, PyBUF_SIMPLE) != 0) throw nb::python_error();
-  }
-  ~Borrowed() { PyBuffer_Release(&view); }
-  const uint8_t* data() const { return static_cast<const uint8_t*>(view.buf); }
-  size_t size() const { return size_t(view.len); }
-};
-
-nb::object as_bytes(const std::string& out) {
-  return nb::steal(PyBytes_FromStringAndSize(out.data(), Py_ssize_t(out.size())));
-}
-
-nb::object engine_serve(const PyEngine& self, const PyPlan& pp, int lane, nb::handle data) {
-  Borrowed in(data);
-  std::string out, error;
-  sp::ort::Engine::Result result;
-  {
-    nb::gil_scoped_release nogil;  // the whole request: parse, convert, run, encode
-    result = self.engine->serve(pp.plan, lane, in.data(), in.size(), out, error);
-  }
-  if (result != sp::ort::Engine::Result::kOk) return nb::none();
-  return as_bytes(out);
-}
-
-// A Batcher and the Python objects it uses (the plan; the engine or the runner callable).
-struct PyBatcher {
-  std::unique_ptr<sp::Batcher> batcher;
-  nb::object plan, engine, runner;
-};
-
-// A Runner calling a Python callable `runner(requests, lane)` on the batch thread: `requests` a
-// list of read-only memoryviews of the callers' buffers (valid during the call only: the
-// callable must not keep them), answered by a list of bytes (or None: not taken) in order.
-// An exception leaves the batch unanswered (its callers serve their requests another way).
-sp::Runner python_runner(nb::handle runner) {
-  PyObject* fn = runner.ptr();
-  return [fn](std::vector<sp::BatchItem>& items, int lane) {
-    nb::gil_scoped_acquire gil;
-    try {
-      nb::list views;
-      for (const sp::BatchItem& item : items)
-        views.append(nb::steal(PyMemoryView_FromMemory(
-            reinterpret_cast<char*>(const_cast<uint8_t*>(item.data)), Py_ssize_t(item.size), PyBUF_READ)));
-      nb::object answers = nb::borrow(fn)(views, lane);
-      for (nb::handle v : views) v.attr("release")();  // a view kept past the call reads nothing
-      size_t i = 0;
-      for (nb::handle answer : answers) {
-        if (i >= items.size()) break;
-        if (PyBytes_Check(answer.ptr())) {
-          char* p = nullptr;
-          Py_ssize_t n = 0;
-          PyBytes_AsStringAndSize(answer.ptr(), &p, &n);
-          items[i].out->assign(p, size_t(n));
-          items[i].answered = true;
-        }
-        ++i;
-      }
-    } catch (nb::python_error& e) {
-      e.discard_as_unraisable("processor._native batch runner");
-    }
-  };
-}
-
-void make_batcher(PyBatcher* self, nb::handle plan, nb::handle engine, nb::handle runner, int lanes,
-                  int64_t max_rows, int64_t timeout_us, int64_t capacity_rows, int threads,
-                  std::vector<int64_t> allowed, std::vector<double> size_bounds, std::vector<double> wait_bounds) {
-  const PyPlan& p = nb::cast<const PyPlan&>(plan);
-  const sp::ort::Engine* e = engine.is_none() ? nullptr : nb::cast<const PyEngine&>(engine).engine.get();
-  if ((e == nullptr) == runner.is_none()) throw std::invalid_argument("give an engine or a runner");
-  if (e != nullptr) lanes = e->lanes();
-  if (lanes < 1) throw std::invalid_argument("lanes must be >= 1");
-  sp::BatchSettings s;
-  s.max_rows = max_rows;
-  s.timeout_us = timeout_us;
-  s.capacity_rows = capacity_rows;
-  s.threads = threads;
-  s.allowed = std::move(allowed);
-  s.size_bounds = std::move(size_bounds);
-  s.wait_bounds = std::move(wait_bounds);
-  sp::Runner run = runner.is_none() ? sp::Runner() : python_runner(runner);
-  new (self) PyBatcher{std::make_unique<sp::Batcher>(e, std::move(run), lanes, p.plan, std::move(s)),
-                       nb::borrow(plan), nb::borrow(engine), nb::borrow(runner)};
-}
-
-nb::object batcher_serve(PyBatcher& self, nb::handle data, double deadline) {
-  Borrowed in(data);
-  std::string out;
-  sp::Batcher::Status status;
-  {
-    nb::gil_scoped_release nogil;  // parse, convert, queue, wait; the batch runs on the batcher's threads
-    status = self.batcher->serve(in.data(), in.size(), deadline, out);
-  }
-  switch (status) {
-    case sp::Batcher::Status::kOk: return as_bytes(out);
-    case sp::Batcher::Status::kNotTaken: return nb::none();
-    case sp::Batcher::Status::kFull: return nb::str("full");
-    case sp::Batcher::Status::kClosed: return nb::str("closed");
-    case sp::Batcher::Status::kExpired: return nb::str("expired");
-  }
-  return nb::none();
-}
-
-nb::dict batcher_stats(const PyBatcher& self) {
-  sp::BatchStats s = self.batcher->stats();
-  nb::dict d;
-  d["batches"] = s.batches;
-  d["requests"] = s.requests;
-  d["rows"] = s.rows;
-  d["padding_rows"] = s.padding_rows;
-  d["isolated_retries"] = s.isolated_retries;
-  d["rejected_queue_full"] = s.rejected_queue_full;
-  d["expired"] = s.expired;
-  d["queued_requests"] = s.queued_requests;
-  d["queued_rows"] = s.queued_rows;
-  d["size_counts"] = s.size_counts;
-  d["size_sum"] = s.size_sum;
-  d["wait_counts"] = s.wait_counts;
-  d["wait_sum"] = s.wait_sum;
-  return d;
-}
-
 }  // namespace
 
 NB_MODULE(_native, m) {
   if (_import_array() < 0) throw nb::python_error();
-  m.doc() = "The request path's native codec; see native/src/module.cc.";
+  m.doc() = "The request path's native codec, engine and batcher; see native/src/module*.cc.";
   m.attr("RELEASE_GIL_BYTES") = kReleaseBytes;
   nb::class_<PyPlan>(m, "Plan")
       .def("__init__",
@@ -496,31 +294,7 @@ NB_MODULE(_native, m) {
            nb::arg("inputs"), nb::arg("outputs"),
            "inputs: [(alias, tensor name, dtype, shape or None, fingerprint)], outputs: "
            "[(alias, tensor name)]");
-  nb::class_<PyEngine>(m, "OrtEngine")
-      .def("__init__", &make_engine, nb::arg("library"), nb::arg("model_path"), nb::arg("parameters"),
-           nb::arg("sessions"), nb::arg("lane_session"), nb::arg("input_names"), nb::arg("output_names"),
-           nb::arg("global_intra"), nb::arg("global_inter"),
-           "Sessions over the caller's parameter arrays (see native/src/ort_engine.h); RuntimeError "
-           "naming what failed")
-      .def("serve", &engine_serve, nb::arg("plan"), nb::arg("lane"), nb::arg("data"),
-           "PredictRequest bytes -> PredictResponse bytes on `lane`, without the GIL; None when "
-           "the request is for the reference path (invalid, rare forms, an engine error)");
-  nb::class_<PyBatcher>(m, "Batcher")
-      .def("__init__", &make_batcher, nb::arg("plan"), nb::arg("engine").none(), nb::arg("runner").none(),
-           nb::arg("lanes"), nb::arg("max_rows"), nb::arg("timeout_us"), nb::arg("capacity_rows"),
-           nb::arg("threads"), nb::arg("allowed"), nb::arg("size_bounds"), nb::arg("wait_bounds"),
-           "A batching queue running batches on an OrtEngine's lanes or through runner(requests, lane) "
-           "(see native/src/batcher.h)")
-      .def("serve", &batcher_serve, nb::arg("data"), nb::arg("deadline"),
-           "PredictRequest bytes -> PredictResponse bytes, merged with concurrent requests, "
-           "without the GIL; None: serve it another way; 'full' / 'closed' / 'expired': refused")
-      .def("stats", &batcher_stats, "counters and histogram counts")
-      .def("close",
-           [](PyBatcher& self) {
-             nb::gil_scoped_release nogil;
-             self.batcher->close();
-           },
-           "run what is queued, refuse the rest, stop the threads");
+  sp::py::bind_engine(m);
   m.def("decode", &decode, nb::arg("plan"), nb::arg("data"));
   m.def("encode", &encode, nb::arg("keys"), nb::arg("arrays"));
   m.def("fingerprint64", &fingerprint64, nb::arg("values"));
