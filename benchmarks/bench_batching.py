@@ -57,6 +57,7 @@ import numpy as np
 from benchmarks.common import loadgen_command
 from benchmarks.peers import (MODEL, OUTPUTS, TRITON_PEER, check_same, peer_tool, peer_versions, triton_python,
                               triton_server)
+from benchmarks.v2_wire import HEADER_LENGTH, MODEL_INFER
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
@@ -341,11 +342,11 @@ def bench_triton(args, tpy: Path, paths, reqs: Requests, reference: dict, work: 
                         if path == "http":
                             spec = {"kind": "http", "host": "127.0.0.1", "port": http_port,
                                     "path": f"/v2/models/{MODEL}/infer", "content_type": "application/octet-stream",
-                                    "headers": {"Inference-Header-Content-Length": str(header[batch])},
+                                    "headers": {HEADER_LENGTH: str(header[batch])},
                                     "body_file": str(work / f"triton-{batch}" / "http.bin")}
                         else:
                             spec = {"kind": "grpc", "target": f"127.0.0.1:{grpc_port}",
-                                    "method": "/inference.GRPCInferenceService/ModelInfer",
+                                    "method": MODEL_INFER,
                                     "body_file": str(work / f"triton-{batch}" / "grpc.bin")}
                         result = run_load(spec, clients, args, work)
                         rows.append({"server": "triton", "backend": "onnxruntime", "path": path, "clients": clients,

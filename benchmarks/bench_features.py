@@ -235,7 +235,7 @@ def main() -> None:
     print("end to end:", flush=True)
     e2e = bench_end_to_end(args.seconds)
     payload = {"machine": {"cpus": os.cpu_count()}, "lookup": lookups, "memory": memory, "end_to_end": e2e}
-    lines = [f"# Feature store benchmark\n",
+    lines = ["# Feature store benchmark\n",
              f"Lookup of {BATCH} ids in a {args.rows:,} x {DIM} table, one thread:\n",
              "| store | M ids/s | p50 ms | p99 ms | notes |", "|---|---|---|---|---|"]
     for label, r in lookups["stores"].items():

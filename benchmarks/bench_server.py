@@ -40,7 +40,6 @@ import argparse
 import json
 import os
 import platform
-import struct
 import subprocess
 import sys
 import tempfile
@@ -54,19 +53,16 @@ import numpy as np
 from benchmarks.common import loadgen_command
 from benchmarks.peers import (MODEL, OUTPUTS, TRITON_PEER, check_same, free_port, peer_tool, peer_versions, post_json,
                               triton_python, triton_server, wait_http)
+from benchmarks.v2_wire import (HEADER_LENGTH, MODEL_INFER, v2_binary_request, v2_grpc, v2_grpc_request, v2_http,
+                                v2_json_request)
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
 DEFAULT_KSERVE_VENV = ROOT / "artifacts" / "kserve-venv"
 BATCHES = (1, 256)
 TARGET = 1.5
-MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
-HEADER_LENGTH = "Inference-Header-Content-Length"
 # API names shared by every server that speaks them (the like-for-like table matches on them)
 V2_JSON, V2_BINARY, V2_GRPC = "v2 REST JSON", "v2 REST binary", "v2 ModelInfer"
-_DATATYPES = {"float32": "FP32", "float64": "FP64", "int32": "INT32", "int64": "INT64", "uint64": "UINT64",
-              "bool": "BOOL", "object": "BYTES"}
-_NUMPY = {v: k for k, v in _DATATYPES.items() if k != "object"}
 
 
 # --- load generator (runs in its own process) ---------------------------------------------------
@@ -96,15 +92,15 @@ def payloads(batch: int, workdir: Path) -> dict:
     feeds = synthetic_batch(batch, seed=7)
     rows = [{"dense": feeds["dense"][i].tolist(), "sparse_ids": feeds["sparse_ids"][i].tolist(),
              "sparse_tokens": [t.decode() for t in feeds["sparse_tokens"][i]]} for i in range(batch)]
-    v2_binary, header_length = _v2_binary_request(feeds)
+    v2_binary, header_length = v2_binary_request(feeds)
     files = {
         "eas": codec.encode_request(feeds),
         "tfs_json": json.dumps({"instances": rows}).encode(),
         "tfs_grpc": _tfs_grpc_request(feeds),
         "kserve_v1": json.dumps({"instances": rows}).encode(),
-        "v2_json": _v2_json_request(feeds),
+        "v2_json": v2_json_request(feeds),
         "v2_binary": v2_binary,
-        "v2_grpc": _v2_grpc_request(feeds),
+        "v2_grpc": v2_grpc_request(feeds),
     }
     out: dict = {}
     for key, data in files.items():
@@ -129,93 +125,6 @@ def _tfs_grpc_request(feeds) -> bytes:
     for key, array in feeds.items():
         request.inputs[key].CopyFrom(tf.make_tensor_proto(array))
     return request.SerializeToString()
-
-
-def _raw(array: np.ndarray) -> bytes:
-    """A tensor's raw contents in the v2 binary layout (BYTES: 4-byte LE length, then the bytes)."""
-    if array.dtype == object:
-        return b"".join(struct.pack("<I", len(v)) + v for v in array.reshape(-1))
-    return np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
-
-
-def _v2_json_request(feeds) -> bytes:
-    """KServe v2 REST JSON, as KServe's and Triton's clients send it (flat ``data``, outputs JSON)."""
-    inputs = []
-    for name, array in feeds.items():
-        flat = array.reshape(-1)
-        data = [v.decode() for v in flat] if array.dtype == object else flat.tolist()
-        inputs.append({"name": name, "shape": list(array.shape), "datatype": _DATATYPES[str(array.dtype)],
-                       "data": data})
-    return json.dumps({"inputs": inputs}).encode()
-
-
-def _v2_binary_request(feeds) -> tuple[bytes, int]:
-    """KServe v2 REST with the binary tensor extension: inputs and outputs binary."""
-    header, blobs = [], []
-    for name, array in feeds.items():
-        raw = _raw(array)
-        header.append({"name": name, "shape": list(array.shape), "datatype": _DATATYPES[str(array.dtype)],
-                       "parameters": {"binary_data_size": len(raw)}})
-        blobs.append(raw)
-    doc = json.dumps({"inputs": header, "parameters": {"binary_data_output": True}}).encode()
-    return doc + b"".join(blobs), len(doc)
-
-
-def _v2_grpc_request(feeds) -> bytes:
-    """A serialized ``inference.ModelInferRequest`` with ``raw_input_contents``."""
-    from processor.proto import grpc_predict_v2_pb2 as pb
-
-    request = pb.ModelInferRequest(model_name=MODEL)
-    for name, array in feeds.items():
-        request.inputs.add(name=name, datatype=_DATATYPES[str(array.dtype)], shape=list(array.shape))
-        request.raw_input_contents.append(_raw(array))
-    return request.SerializeToString()
-
-
-# --- v2 answers ----------------------------------------------------------------------------------
-
-def v2_http(url: str, body: bytes, header_length: int | None = None) -> dict[str, np.ndarray]:
-    """POST a v2 infer body; the numeric outputs (JSON ``data`` or binary) by name."""
-    headers = {"Content-Type": "application/json"}
-    if header_length is not None:
-        headers = {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(header_length)}
-    with urllib.request.urlopen(urllib.request.Request(url, data=body, headers=headers), timeout=60) as resp:
-        raw = resp.read()
-        n = resp.headers.get(HEADER_LENGTH)
-    n = int(n) if n is not None else len(raw)
-    doc, at, out = json.loads(raw[:n]), n, {}
-    for tensor in doc["outputs"]:
-        dtype = np.dtype(_NUMPY[tensor["datatype"]])
-        size = (tensor.get("parameters") or {}).get("binary_data_size")
-        if size is not None:
-            out[tensor["name"]] = np.frombuffer(raw[at:at + size], dtype.newbyteorder("<")).reshape(tensor["shape"])
-            at += size
-        else:
-            out[tensor["name"]] = np.asarray(tensor["data"], dtype).reshape(tensor["shape"])
-    return out
-
-
-def v2_grpc(target: str, body: bytes) -> dict[str, np.ndarray]:
-    """Send serialized ModelInferRequest bytes; the numeric outputs (raw or typed contents) by name."""
-    import grpc
-
-    from processor.proto import grpc_predict_v2_pb2 as pb
-
-    with grpc.insecure_channel(target, options=[("grpc.max_receive_message_length", -1),
-                                                ("grpc.max_send_message_length", -1)]) as channel:
-        raw = channel.unary_unary(MODEL_INFER)(body, timeout=60)
-    response = pb.ModelInferResponse.FromString(raw)
-    out = {}
-    for i, tensor in enumerate(response.outputs):
-        dtype = np.dtype(_NUMPY[tensor.datatype])
-        if response.raw_output_contents:
-            array = np.frombuffer(response.raw_output_contents[i], dtype.newbyteorder("<"))
-        else:
-            field = {"FP32": "fp32_contents", "FP64": "fp64_contents", "INT64": "int64_contents",
-                     "INT32": "int_contents"}[tensor.datatype]
-            array = np.asarray(getattr(tensor.contents, field), dtype)
-        out[tensor.name] = array.reshape(tuple(tensor.shape))
-    return out
 
 
 def process_answers(config: dict, bodies: dict, name: str) -> tuple[dict, dict]:
