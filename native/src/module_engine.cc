@@ -19,6 +19,7 @@
 
 #include <memory>
 #include <stdexcept>
+#include <utility>
 
 #include "batcher.h"
 #include "module_engine.h"
@@ -205,18 +206,21 @@ nb::object batcher_serve(PyBatcher& self, nb::handle data, double deadline) {
 }
 
 nb::dict batcher_stats(const PyBatcher& self) {
-  sp::BatchStats s = self.batcher->stats();
+  using S = sp::BatchStats;
+  static const std::pair<const char*, int64_t S::*> counters[] = {
+      {"batches", &S::batches},
+      {"requests", &S::requests},
+      {"rows", &S::rows},
+      {"padding_rows", &S::padding_rows},
+      {"isolated_retries", &S::isolated_retries},
+      {"rejected_queue_full", &S::rejected_queue_full},
+      {"expired", &S::expired},
+      {"queued_requests", &S::queued_requests},
+      {"queued_rows", &S::queued_rows}};
+  S s = self.batcher->stats();
   nb::dict d;
-  d["batches"] = s.batches;
-  d["requests"] = s.requests;
-  d["rows"] = s.rows;
-  d["padding_rows"] = s.padding_rows;
-  d["isolated_retries"] = s.isolated_retries;
-  d["rejected_queue_full"] = s.rejected_queue_full;
-  d["expired"] = s.expired;
-  d["queued_requests"] = s.queued_requests;
-  d["queued_rows"] = s.queued_rows;
-  d["size_counts"] = s.size_counts;
+  for (const auto& [name, field] : counters) d[name] = s.*field;
+  d["size_counts"] = s.size_counts;  // histograms: counts per bound (+Inf last) and the sum
   d["size_sum"] = s.size_sum;
   d["wait_counts"] = s.wait_counts;
   d["wait_sum"] = s.wait_sum;
