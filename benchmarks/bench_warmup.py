@@ -153,7 +153,7 @@ def feeds(name: str, n: int, seed: int) -> dict:
 _EVICT = None
 
 
-def evict_caches(_processor) -> None:
+def evict_caches() -> None:
     """Write a buffer larger than the CPU's last-level cache, so the next request finds the
     caches as cold as a request after a pause does (a control for the first request)."""
     global _EVICT
@@ -164,7 +164,7 @@ def evict_caches(_processor) -> None:
     _EVICT.fill(_EVICT[0] + 1)
 
 
-def idle(_processor) -> None:
+def idle() -> None:
     """Sleep 10 ms, as a serving thread does between requests below 100 requests/s: the next
     request finds the core woken from idle and its caches as the rest of the machine left them."""
     time.sleep(IDLE_SECONDS)
@@ -222,7 +222,7 @@ def child(name: str, backend: str, mode: str, steady: int, cold: int = 30) -> di
             for control, before in CONTROLS:
                 times = []
                 for body in bodies[batch][control]:
-                    before(p)
+                    before()
                     t0 = clock()
                     status, _ = p.process(body)
                     times.append(clock() - t0)
