@@ -96,7 +96,7 @@ class TensorFlowBackend:
             loader = loader_impl.SavedModelLoader(version.savedmodel_dir)
             meta_graph = loader.get_meta_graph_def_from_tags(SERVE_TAGS)
         except (OSError, RuntimeError, ValueError) as exc:
-            raise Internal(f"cannot read SavedModel in {version.savedmodel_dir!r}: {exc}") from None
+            raise Internal(f"cannot read SavedModel in {version.savedmodel_dir!r}: {exc}") from exc
         sig_def = meta_graph.signature_def.get(config.signature_name)
         if sig_def is None:
             available = sorted(k for k in meta_graph.signature_def if not k.startswith("__"))
@@ -145,7 +145,7 @@ class TensorFlowBackend:
         except Exception as exc:  # TF raises many types for a broken model or checkpoint
             self.close()
             source = version.full_prefix or version.savedmodel_dir
-            raise Internal(f"loading {source!r} failed: {type(exc).__name__}: {exc}") from None
+            raise Internal(f"loading {source!r} failed: {type(exc).__name__}: {exc}") from exc
         self._feed_tensors = [[self._graph.get_tensor_by_name(c.scope + s.name) for s in self.signature.inputs.values()]
                               for c in self._lanes.copies]
         self._feed_aliases = list(self.signature.inputs)
@@ -176,7 +176,7 @@ class TensorFlowBackend:
         except tf.errors.InvalidArgumentError as exc:
             raise InvalidArgument(f"the model rejected the input: {exc.message}") from None
         except tf.errors.OpError as exc:
-            raise Internal(f"{type(exc).__name__}: {exc.message}") from None
+            raise Internal(f"{type(exc).__name__}: {exc.message}") from exc
 
     def wire_server(self, codec):
         """None: requests go through the codec and :meth:`run` (the session needs Python)."""

@@ -56,4 +56,4 @@ class VariableUpdater:
         try:
             self._session.run(ops, feed, options=self._run_options)
         except Exception as exc:
-            raise CheckpointError(f"applying delta {delta.step} failed: {type(exc).__name__}: {exc}") from None
+            raise CheckpointError(f"applying delta {delta.step} failed: {type(exc).__name__}: {exc}") from exc

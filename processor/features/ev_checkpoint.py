@@ -55,7 +55,7 @@ def _reader(prefix: str):
     try:
         return py_checkpoint_reader.NewCheckpointReader(prefix)
     except Exception as exc:  # the reader raises several types for a corrupt bundle
-        raise CheckpointError(f"cannot read checkpoint {prefix!r}: {type(exc).__name__}: {exc}") from None
+        raise CheckpointError(f"cannot read checkpoint {prefix!r}: {type(exc).__name__}: {exc}") from exc
 
 
 class CheckpointTables:

@@ -78,7 +78,7 @@ class VersionLoader:
         try:
             group = self._open_group(self.config, local, features=self.features)
         except Exception as exc:
-            raise as_processor_error(exc) from None
+            raise as_processor_error(exc) from exc
         group.version = version  # loaded from the local copy; serves (and reports) the store's version
         return group
 
@@ -98,7 +98,7 @@ class VersionLoader:
         except Exception as exc:
             group.close()
             err = as_processor_error(exc)
-            raise type(err)(f"version {version.label} rejected: {err.message}", err.code) from None
+            raise type(err)(f"version {version.label} rejected: {err.message}", err.code) from exc
         return Loaded(group, report)
 
     def apply_delta(self, group, version: ModelVersion) -> DeltaApplied:

@@ -188,7 +188,7 @@ class OnnxRuntimeBackend:
                                                providers=device_plan.ort_providers(device))
             except Exception as exc:
                 raise Internal(f"ONNX Runtime could not load {self._prepared.model_path!r}: "
-                               f"{type(exc).__name__}: {exc}") from None
+                               f"{type(exc).__name__}: {exc}") from exc
         if device.gpu is not None and "CUDAExecutionProvider" not in session.get_providers():
             raise ConfigError(f"gpu_ids_list: ONNX Runtime could not start CUDA on GPU {device.gpu} "
                               f"(providers: {session.get_providers()}); check the CUDA 13 / cuDNN 9 libraries")
@@ -254,7 +254,7 @@ class OnnxRuntimeBackend:
         try:
             return self._lane_run[lane](self._output_list(fetches), ort_feeds, None)
         except Exception as exc:
-            raise _engine_error(exc) from None
+            raise _engine_error(exc) from exc
 
     def wire_server(self, codec):
         """The native engine's whole-request path for ``codec``'s plan (see :mod:`.native_engine`)."""
@@ -293,7 +293,7 @@ class OnnxRuntimeBackend:
                 run_ns = time.time_ns()
                 outputs = session.run(names, ort_feeds)
             except Exception as exc:
-                raise _engine_error(exc) from None
+                raise _engine_error(exc) from exc
             finally:
                 ran_ns = time.time_ns()
                 records = profile.collect(session)

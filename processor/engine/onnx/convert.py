@@ -171,7 +171,7 @@ def _import_onnx(onnx_file: str, work: Path) -> dict[str, Any]:
     try:
         model = onnx.load(onnx_file)  # loads external data too
     except Exception as exc:
-        raise Internal(f"cannot read ONNX model {onnx_file!r}: {type(exc).__name__}: {exc}") from None
+        raise Internal(f"cannot read ONNX model {onnx_file!r}: {type(exc).__name__}: {exc}") from exc
     signature = signature_of_onnx(model, "serving_default")
     # Initializers that are also graph inputs would be overridable by feeds; they are parameters here.
     parameters = externalize_parameters(model, work, {})

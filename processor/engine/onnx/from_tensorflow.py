@@ -57,7 +57,7 @@ def _load_tf(savedmodel_dir: str, version: ModelVersion, signature_name: str):
         loader = loader_impl.SavedModelLoader(savedmodel_dir)
         meta_graph = loader.get_meta_graph_def_from_tags(SERVE_TAGS)
     except (OSError, RuntimeError, ValueError) as exc:
-        raise Internal(f"cannot read SavedModel in {savedmodel_dir!r}: {exc}") from None
+        raise Internal(f"cannot read SavedModel in {savedmodel_dir!r}: {exc}") from exc
     sig_def = meta_graph.signature_def.get(signature_name)
     if sig_def is None:
         available = sorted(k for k in meta_graph.signature_def if not k.startswith("__"))
@@ -80,7 +80,7 @@ def _load_tf(savedmodel_dir: str, version: ModelVersion, signature_name: str):
         if isinstance(exc, (Internal, NotFound)):
             raise
         raise Internal(f"loading {version.full_prefix or savedmodel_dir!r} for conversion failed: "
-                       f"{type(exc).__name__}: {exc}") from None
+                       f"{type(exc).__name__}: {exc}") from exc
     # tf.saved_model.save writes an object graph: such models convert through tf2onnx's TF2 path
     tf2 = len(meta_graph.object_graph_def.nodes) > 0
     return graph, session, signature_from_def(signature_name, sig_def), tf2
