@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .batching.settings import BatchingConfig
 from .errors import ConfigError
+from .prediction_log.settings import LoggingConfig
 
 # Keys of DeepRec/EAS model_config files that this processor accepts and does not use.
 FOREIGN_KEYS: frozenset[str] = frozenset({
@@ -162,6 +163,8 @@ class ModelConfig(BaseModel):
 
     # Ours: server-side batching (TF Serving's batching parameters); None: every request alone.
     batching: BatchingConfig | None = Field(None, strict=False)  # a JSON object; its keys are strict
+    # Ours: prediction logging (TF Serving's logging_config, with a collector); None: off.
+    logging_config: LoggingConfig | None = Field(None, strict=False)  # a JSON object; its keys are strict
 
     # --- updates, warmup, rollback ----------------------------------------------------------
     model_update_inter_threads: int = Field(0, ge=0, le=1024)

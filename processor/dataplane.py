@@ -14,6 +14,12 @@ Batching: a model with ``batching`` settings has a :class:`~processor.batching.b
 on the caller's thread, then run merged with others (see that module). A call's ``deadline``
 drops a request that waited too long, with DeadlineExceeded.
 
+Prediction logging: a model with a :class:`~processor.prediction_log.PredictionLogger` draws
+one random number per predict call; a sampled call is logged once answered (its inputs as
+decoded, its outputs or its error, the version and signature that served it) through the
+logger's queue, off the request's path (wire bytes are decoded on the writer thread; a view of
+the caller's buffer is copied first). Models without logging pay one truthiness check.
+
 Timeline tracing: a model with a :class:`~processor.tracing.Tracer` has each predict request
 counted; the requests it picks run the same path with every stage timed (parse, acquire, decode,
 run, encode inside ``request``) and the engine's full per-op trace. Untraced requests pay one
@@ -33,6 +39,8 @@ import numpy as np
 
 from . import codec
 from .batching.batcher import Batcher
+from .prediction_log import PredictionLogger
+from .prediction_log.record import Pending
 from .errors import DeadlineExceeded, ProcessorError, as_processor_error
 from .request import (PredictCall, PredictResult, Served, check_served, check_signature_name,
                       requested_version)
@@ -55,6 +63,7 @@ class DataPlane:
         self._batchers = {m.name: m.batcher for m in models if m.batcher is not None}
         # Only tracers with traces left; emptied as they finish, so the hot path stays one check.
         self._tracers = {m.name: m.tracer for m in models if m.tracer is not None and not m.tracer.done}
+        self._loggers = {m.name: m.prediction_log for m in models if m.prediction_log is not None}
 
     @property
     def model_names(self) -> list[str]:
@@ -77,27 +86,52 @@ class DataPlane:
             self._registry.get(model)  # raises NotFound with the list of models
         if label is not None:
             version = requested_version(model, version, label, self._labels[model])
-        if self._tracers:
-            rec = self._begin_trace(model)
-            if rec is not None:
-                return self._traced(manager, call, version, rec)
+        rec = self._begin_trace(model) if self._tracers else None
+        if self._loggers:
+            logger = self._loggers.get(model)
+            if logger is not None and (call.inputs or call.inputs.__class__ not in _WIRE):  # not a ping
+                pending = logger.begin(call)
+                if pending is not None:
+                    return self._logged(logger, pending, manager, call, version, rec)
+        if rec is not None:
+            return self._traced(manager, call, version, rec)
         return self._call(manager, call, version, None)
 
-    def _traced(self, manager, call: PredictCall, version: int | None, rec: TraceRecorder) -> PredictResult:
+    def _logged(self, logger: PredictionLogger, pending: Pending, manager, call: PredictCall,
+                version: int | None, rec: TraceRecorder | None) -> PredictResult:
+        """:meth:`predict` of a call its model's logger sampled: ``pending`` gets the group that
+        served, the decoded inputs and the result or the error, then goes to the logger's queue
+        (never raising, never blocking)."""
+        try:
+            if rec is not None:
+                pending.result = self._traced(manager, call, version, rec, pending)
+            else:
+                pending.result = self._call(manager, call, version, None, pending)
+            return pending.result
+        except Exception as exc:
+            pending.error = exc
+            raise
+        finally:
+            logger.submit(pending)
+
+    def _traced(self, manager, call: PredictCall, version: int | None, rec: TraceRecorder,
+                pending: Pending | None = None) -> PredictResult:
         """:meth:`predict` of a request its model's tracer picked: every stage timed into ``rec``,
         which is submitted (never raising) whether the call succeeds or fails."""
         try:
             with rec.stage("request"):
-                return self._call(manager, call, version, rec)
+                return self._call(manager, call, version, rec, pending)
         except Exception as exc:
             rec.error = str(exc)
             raise
         finally:
             rec.tracer.submit(rec)  # never raises
 
-    def _call(self, manager, call: PredictCall, version: int | None, rec: TraceRecorder | None) -> PredictResult:
+    def _call(self, manager, call: PredictCall, version: int | None, rec: TraceRecorder | None,
+              pending: Pending | None = None) -> PredictResult:
         """One acquire of the served group, the call's checks against it, then the hot path (an
-        untraced, unbatched wire request: the group's ``serve``) or :meth:`_answer`."""
+        untraced, unbatched wire request: the group's ``serve``) or :meth:`_answer`; a logged
+        call's ``pending`` learns the group."""
         if rec is None:
             handle = manager.acquire_handle()
         else:
@@ -105,13 +139,15 @@ class DataPlane:
                 handle = manager.acquire_handle()
         try:
             group = handle.group
+            if pending is not None:
+                pending.group = group
             model, inputs, _, _, signature_name, _, _ = call
             if version is not None or signature_name:
                 _check_call(model, group, version, signature_name)
             if rec is None and inputs.__class__ in _WIRE and inputs and model not in self._batchers:
                 # tuple.__new__: a named tuple's own constructor costs ~0.15 us more, per request
                 return tuple.__new__(PredictResult, (group.serve(inputs), group.version, group.signature, False))
-            return self._answer(call, group, rec)
+            return self._answer(call, group, rec, pending)
         except ProcessorError:
             raise
         except Exception as exc:
@@ -119,9 +155,11 @@ class DataPlane:
         finally:
             handle.release()
 
-    def _answer(self, call: PredictCall, group, rec: TraceRecorder | None) -> PredictResult:
+    def _answer(self, call: PredictCall, group, rec: TraceRecorder | None,
+                pending: Pending | None = None) -> PredictResult:
         """``call`` on the acquired ``group``, off the hot path: the introspection ping, arrays and
-        decoders, batched requests, traced requests (stages timed into ``rec``)."""
+        decoders, batched requests, traced requests (stages timed into ``rec``); a logged call's
+        ``pending`` gets the decoded inputs."""
         inputs = call.inputs
         signature = group.signature
         wire = isinstance(inputs, _WIRE)
@@ -142,6 +180,8 @@ class DataPlane:
             else:
                 decoded = codec.decode_arrays(parsed, call.output_filter, signature)
             del parsed
+        if pending is not None:
+            pending.feeds = decoded.feeds
         with stage("run") as timed:
             try:
                 outputs = _run(group, decoded, batcher, call.deadline, rec)
@@ -185,6 +225,10 @@ class DataPlane:
                     results.append(wire.encode(keys, arrays))
                 except Exception as exc:
                     results.append(as_processor_error(exc))
+            logger = self._loggers.get(name)
+            if logger is not None:
+                for data, result in zip(requests, results):
+                    _log_answered(logger, name, data, group, result)
             return results
         finally:
             handle.release()
@@ -212,6 +256,20 @@ class DataPlane:
         if tracer.done:
             self._tracers.pop(name, None)  # no traces left: later requests skip tracing entirely
         return recorder
+
+
+def _log_answered(logger: PredictionLogger, name: str, data: bytes | memoryview, group,
+                  result: bytes | ProcessorError) -> None:
+    """Log one answered request of :meth:`DataPlane.predict_many`'s merged path, if sampled."""
+    pending = logger.begin(PredictCall(name, data))
+    if pending is None:
+        return
+    pending.group = group
+    if isinstance(result, ProcessorError):
+        pending.error = result
+    else:
+        pending.result = PredictResult(result, group.version, group.signature)
+    logger.submit(pending)
 
 
 def _serve_batched(group, data: bytes | memoryview, batcher: Batcher, deadline: float | None) -> bytes:

@@ -20,12 +20,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
 from typing import Any, NamedTuple, Union
 
 import numpy as np
 
 from .errors import InvalidArgument, NotFound
 from .signature import Signature
+
+# The id of the request being served: set by the edges that have one (HTTP X-Request-ID, gRPC
+# x-request-id metadata; the server's logs carry it too), "-" elsewhere (the C ABI).
+request_id_var: ContextVar[str] = ContextVar("request_id", default="-")
 
 # The inputs of a call: serialized eas PredictRequest bytes (the answer is PredictResponse bytes;
 # empty bytes are DeepRec's introspection ping, answered with the signature JSON), numpy arrays

@@ -1,6 +1,7 @@
 """ServedModel: one model composed once (config, ModelManager, timeline tracer, batching queue,
-version labels); ModelRegistry: the served models by name, used by both the C ABI's
-:class:`~processor.processor.Processor` (one model) and the server's runtime (a deployment).
+prediction logger, version labels); ModelRegistry: the served models by name, used by both the
+C ABI's :class:`~processor.processor.Processor` (one model) and the server's runtime (a
+deployment).
 
 Edges reach a model's lifecycle (readiness, state, admin actions, model info) through its
 ServedModel and its requests through the :class:`~processor.dataplane.DataPlane`; neither
@@ -21,6 +22,7 @@ from .batching.batcher import Batcher
 from .config import ModelConfig
 from .errors import NotFound, Unavailable
 from .manager.model_manager import ModelManager
+from .prediction_log import PredictionLogger
 from .redaction import redact_url
 from .request import version_number
 from .tracing import Tracer
@@ -45,6 +47,8 @@ class ServedModel:
         self.tracer = Tracer.from_config(name, config) if manager is None else None
         self.manager = manager if manager is not None else ModelManager(name, config)
         self.batcher = Batcher(name, config.batching) if config.batching is not None else None
+        # ConfigError naming logging_config.path when it cannot be written
+        self.prediction_log = PredictionLogger.from_config(name, config)
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -98,12 +102,17 @@ class ServedModel:
             log.warning("model %s: batching queue not drained in %s s", self.name, timeout)
 
     def close(self) -> None:
-        """Stop the watcher and close the served version, then write the traces still queued."""
+        """Stop the watcher and close the served version, then write the traces and prediction
+        logs still queued (the current log file is closed and renamed into place)."""
         try:
             self.manager.close()
         finally:
-            if self.tracer is not None:
-                self.tracer.close()
+            try:
+                if self.tracer is not None:
+                    self.tracer.close()
+            finally:
+                if self.prediction_log is not None:
+                    self.prediction_log.close()
 
     # --- what is served ---------------------------------------------------------------------
 
@@ -143,6 +152,8 @@ class ServedModel:
         info["environment"] = self.environment
         if self.tracer is not None:
             info["timeline"] = self.tracer.describe()
+        if self.prediction_log is not None:
+            info["prediction_log"] = self.prediction_log.describe()
         served = self.manager.served_version()
         info["tf_serving_version"] = version_number(served) if served is not None else None
         return info

@@ -8,7 +8,6 @@ the worker thread that runs the model).
 
 from __future__ import annotations
 
-import contextvars
 import json
 import logging
 import re
@@ -16,7 +15,7 @@ import sys
 import time
 import uuid
 
-request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
+from processor.request import request_id_var  # one variable: prediction logs record it too
 
 _VALID_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 _STD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
