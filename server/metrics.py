@@ -9,7 +9,9 @@ the last update of each kind. Batching (models with ``batching``), read at scrap
 batch sizes and queue waits (histograms), queue depth, and refused / expired / isolated requests.
 Model updates the server triggers (start, admin reload / rollback /
 pin): duration histogram and failure count. Feature store lookups: a latency histogram filled
-through :meth:`ServerMetrics.observe_feature_store`.
+through :meth:`ServerMetrics.observe_feature_store`. Prediction logging (models with
+``logging_config``), read at scrape time: records written / dropped (queue full) / failed,
+write and upload errors, records queued.
 """
 
 from __future__ import annotations
@@ -89,6 +91,35 @@ class _BatchingCollector(Collector):
         yield from (size, wait, depth, rows, events)
 
 
+class _PredictionLogCollector(Collector):
+    """Reads ``prediction_log.describe()`` of every model that logs its predictions."""
+
+    _RECORDS = (("written", "written"), ("dropped", "dropped_queue_full"), ("failed", "failed"))
+    _ERRORS = (("write", "write_errors"), ("upload", "upload_errors"))
+
+    def __init__(self, models: Callable[[], Iterable[Any]]) -> None:
+        self._models = models
+
+    def collect(self):
+        records = CounterMetricFamily("sp_prediction_log_records", "sampled predict calls written to the "
+                                      "prediction log, dropped (queue full) or failed", labels=["model", "outcome"])
+        errors = CounterMetricFamily("sp_prediction_log_sink_errors", "prediction log writes and uploads "
+                                     "that failed", labels=["model", "kind"])
+        queued = GaugeMetricFamily("sp_prediction_log_queued", "records waiting for the prediction log "
+                                   "writer", labels=["model"])
+        for model in self._models():
+            logger = getattr(model, "prediction_log", None)
+            if logger is None:
+                continue
+            info = logger.describe()
+            for outcome, key in self._RECORDS:
+                records.add_metric([model.name, outcome], float(info[key]))
+            for kind, key in self._ERRORS:
+                errors.add_metric([model.name, kind], float(info[key]))
+            queued.add_metric([model.name], float(info["queued"]))
+        yield from (records, errors, queued)
+
+
 def _le(bound: float | str) -> str:
     return bound if isinstance(bound, str) else repr(float(bound))
 
@@ -119,6 +150,7 @@ class ServerMetrics:
                                                "feature store lookups", ["model", "store", "op"],
                                                buckets=_LATENCY_BUCKETS, registry=r)
         r.register(_ModelStateCollector(models))
+        r.register(_PredictionLogCollector(models))
         if batching is not None:
             r.register(_BatchingCollector(batching))
 
