@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+# Floats one model computes in two processes, or under two thread settings, need not be equal:
+# TensorFlow and ONNX Runtime split a reduction by their pools' thread counts and pick kernels
+# by the CPU, so a float32 dot product of n terms may round differently, within about
+# n * 2**-24 of the sum of |terms|. For the models served here (layers of at most a few hundred
+# terms, outputs of order 1) 1e-5 relative plus 1e-6 absolute holds that with room to spare
+# while a wrong row, version or parameter (differences of 1e-3 and more) still fails.
+FLOAT_RTOL, FLOAT_ATOL = 1e-5, 1e-6
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
@@ -15,6 +25,23 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.05)
     return predicate()
+
+
+def assert_outputs_close(got: Mapping[str, object], want: Mapping[str, np.ndarray], how: str = "",
+                         atol: float = FLOAT_ATOL) -> None:
+    """``got`` holds the outputs ``want`` holds, computed elsewhere (another process, another
+    thread setting, another engine): the same names and shapes; floats within
+    FLOAT_RTOL and ``atol`` (wider for another engine's kernels); integers, booleans and
+    strings equal. For the same computation run
+    twice (a codec round trip, one session asked again) compare exactly instead."""
+    assert set(got) == set(want), (how, sorted(got), sorted(want))
+    for key, expected in want.items():
+        actual = np.asarray(got[key], dtype=expected.dtype)
+        assert actual.shape == expected.shape, (how, key, actual.shape, expected.shape)
+        if expected.dtype.kind in "fc":
+            np.testing.assert_allclose(actual, expected, rtol=FLOAT_RTOL, atol=atol, err_msg=f"{how} {key}")
+        else:
+            np.testing.assert_array_equal(actual, expected, err_msg=f"{how} {key}")
 
 
 def concurrent_mismatches(process: Callable[[bytes], tuple[int, bytes]], requests: Sequence[bytes],

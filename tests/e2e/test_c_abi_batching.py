@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from c_abi_ctypes import NativeProcessor  # noqa: E402
 from processor import codec  # noqa: E402
 from test_c_abi import native_build, pytestmark  # noqa: E402, F401  (the build fixture, its skip)
-from test_server_batching import ATOL, BACKENDS, RTOL, backend_config, batching, demo_inputs  # noqa: E402
+from sp_checks import assert_outputs_close  # noqa: E402
+from test_server_batching import BACKENDS, backend_config, batching, demo_inputs  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -67,10 +68,7 @@ def assert_same_answer(got: tuple[int, bytes | None], want: tuple[int, bytes | N
     if want[0] != 200 or got[1] == want[1]:
         assert got[1] == want[1], what
         return
-    got_out, want_out = codec.decode_response(got[1]), codec.decode_response(want[1])
-    assert set(got_out) == set(want_out), what
-    for key, array in want_out.items():
-        np.testing.assert_allclose(got_out[key], array, rtol=RTOL, atol=ATOL, err_msg=f"{what}: {key}")
+    assert_outputs_close(codec.decode_response(got[1]), codec.decode_response(want[1]), what)
 
 
 def bad_dtype() -> bytes:

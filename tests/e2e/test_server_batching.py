@@ -25,10 +25,10 @@ import pytest
 
 from conftest import model_config
 from processor import codec
+from sp_checks import assert_outputs_close
 from test_server_predict import call, call_json, demo_inputs, grpc_error, ours_grpc, ours_http, rest_columns, tfs_grpc
 
 BACKENDS = ["onnxruntime", "tensorflow"]
-RTOL, ATOL = 1e-5, 1e-6  # merged matmuls may round differently than one request's
 
 
 def backend_config(paths, backend: str, **overrides) -> dict:
@@ -141,13 +141,6 @@ def expected_outputs(reference, inputs) -> dict[str, np.ndarray]:
     return codec.decode_response(body)
 
 
-def assert_close(got: dict, expected: dict[str, np.ndarray], how: str) -> None:
-    assert set(got) == set(expected), how
-    for key, want in expected.items():
-        np.testing.assert_allclose(np.asarray(got[key], dtype=want.dtype), want, rtol=RTOL, atol=ATOL,
-                                   err_msg=f"{how}: {key}")
-
-
 # --- 1. many concurrent clients, four transports ------------------------------------------------
 
 TRANSPORTS = ("our HTTP", "our gRPC", "TF Serving REST", "TF Serving gRPC")
@@ -194,7 +187,7 @@ def test_concurrent_clients_on_every_transport_equal_unbatched(server, channel, 
     for key, (transport, inputs, expected) in cases.items():
         got = results[key]
         assert not isinstance(got, BaseException), (key, transport, got)
-        assert_close(got, expected, f"client {key} over {transport}")
+        assert_outputs_close(got, expected, f"client {key} over {transport}")
 
     after = batching_info(server, "demo")
     sent = clients * rounds
@@ -252,7 +245,7 @@ def test_bad_request_in_a_crowd_fails_alone(server, channel, reference, kind):
 
     for i, want in enumerate(expected):
         assert not isinstance(results[i], BaseException), (i, results[i])
-        assert_close(results[i], want, f"good request {i}")
+        assert_outputs_close(results[i], want, f"good request {i}")
     status, _, body = results["http"]
     assert status == 400 and json.loads(body) == {"error": message}, body
     err = results["grpc"]

@@ -5,7 +5,7 @@ import pytest
 
 from conftest import model_config, plain_tf_predict
 from processor import codec
-from sp_checks import concurrent_mismatches
+from sp_checks import assert_outputs_close, concurrent_mismatches
 
 
 def test_predictions_equal_plain_tensorflow(ctr_model_small, make_processor):
@@ -19,9 +19,8 @@ def test_predictions_equal_plain_tensorflow(ctr_model_small, make_processor):
         got = codec.decode_response(body)
         want = plain_tf_predict(ctr_model_small.savedmodel_dir,
                                 ctr_model_small.latest_checkpoint_prefix, feeds)
-        assert set(got) == set(want) == {"probability", "logits"}
-        for key in want:
-            np.testing.assert_allclose(got[key], want[key], rtol=1e-6, atol=1e-7)
+        assert set(want) == {"probability", "logits"}
+        assert_outputs_close(got, want, f"batch {batch}")  # two lanes vs plain TensorFlow's settings
         assert ((got["probability"] > 0) & (got["probability"] < 1)).all()
 
 

@@ -16,6 +16,7 @@ from conftest import model_config, plain_tf_predict
 from processor import codec
 from processor.errors import ConfigError
 from processor.manager.warmup import SIZE_ROUNDS, parse_op_examples, synthetic_request
+from sp_checks import assert_outputs_close
 
 ROWS = [
     {"age": [31.0], "hours": [1.5, 2.0], "item_id": [3, 17, 49], "city": [b"paris"]},
@@ -69,8 +70,7 @@ def test_tf_example_model_serves_without_warmup_file(examples_model, make_proces
     got = predict(p, feeds)
     want = plain_tf_predict(examples_model.savedmodel_dir, examples_model.latest_checkpoint_prefix, feeds)
     assert set(got) == {"logits", "probabilities"}
-    for key in got:
-        np.testing.assert_array_equal(got[key], want[key])
+    assert_outputs_close(got, want, "two lanes vs plain TensorFlow")  # other thread settings
     # the checkpoint's parameters serve, not the SavedModel's
     assert not np.array_equal(plain_tf_predict(examples_model.savedmodel_dir, None, feeds)["logits"], got["logits"])
 
@@ -104,8 +104,8 @@ def test_raw_placeholder_model_serves(raw_model, make_processor):
              "city": np.array([b"paris", b"oslo", b""], dtype=object)}
     got = predict(p, feeds)
     want = plain_tf_predict(raw_model.savedmodel_dir, raw_model.latest_checkpoint_prefix, feeds)
-    for key in ("logits", "probabilities"):
-        np.testing.assert_array_equal(got[key], want[key])
+    assert_outputs_close({k: got[k] for k in ("logits", "probabilities")},
+                         {k: want[k] for k in ("logits", "probabilities")}, "lanes vs plain TensorFlow")
 
 
 def test_model_rejecting_synthetic_input_still_serves(rejecting_model, make_processor):

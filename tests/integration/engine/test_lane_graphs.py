@@ -11,7 +11,7 @@ import pytest
 from conftest import LoadedModel, model_config, plain_tf_predict
 from processor import codec
 from processor.engine import device_plan as gpu
-from sp_checks import concurrent_mismatches
+from sp_checks import assert_outputs_close, concurrent_mismatches
 
 X1 = {"x": np.array([[1.0]], np.float32)}
 
@@ -94,8 +94,8 @@ def test_ctr_lanes_run_their_own_copy_on_their_device(ctr_model_small, placement
         want = plain_tf_predict(ctr_model_small.savedmodel_dir, ctr_model_small.latest_checkpoint_prefix, feeds)
         for lane, scope in enumerate(scopes):
             outputs, trace = backend.run_traced(lane, feeds, ("logits", "probability"))
-            np.testing.assert_allclose(outputs[0], want["logits"], rtol=1e-6, atol=1e-7)
-            np.testing.assert_allclose(outputs[1], want["probability"], rtol=1e-6, atol=1e-7)
+            assert_outputs_close({"logits": outputs[0], "probability": outputs[1]},
+                                 {k: want[k] for k in ("logits", "probability")}, f"lane {lane}")
             ran = _devices_of_copy(_ran_on(trace.step_stats), scope)
             lane_device = f"device:CPU:{lane + 1}"
             # Grappler fuses MatMul+BiasAdd(+Relu) and keeps the last op's name: check the sinks.
@@ -168,7 +168,7 @@ def test_a_delta_applied_once_reaches_every_lane(ctr_model_small):
         finally:
             model.close()
         for lane_output in after:
-            np.testing.assert_allclose(lane_output, want, rtol=1e-6, atol=1e-6)
+            assert_outputs_close({"logits": lane_output}, {"logits": want}, "lane after the update")
     finally:
         group.close()
 
@@ -219,7 +219,7 @@ def test_ctr_concurrency_on_virtual_cpu_lanes(ctr_model_small, make_processor, v
     feeds = synthetic_batch(4, 0)
     status, body = p.process(codec.encode_request(feeds))
     want = plain_tf_predict(ctr_model_small.savedmodel_dir, ctr_model_small.latest_checkpoint_prefix, feeds)
-    np.testing.assert_allclose(codec.decode_response(body)["logits"], want["logits"], rtol=1e-6, atol=1e-7)
+    assert_outputs_close({"logits": codec.decode_response(body)["logits"]}, {"logits": want["logits"]})
     requests = [codec.encode_request(synthetic_batch(4, seed)) for seed in range(8)]
     assert concurrent_mismatches(p.process, requests, threads=8, calls=100) == []
 
@@ -236,7 +236,7 @@ def test_store_served_embeddings_on_virtual_cpu_lanes(ctr_model_small):
         want = plain_tf_predict(ctr_model_small.savedmodel_dir, ctr_model_small.latest_checkpoint_prefix, feeds)
         for lane in range(2):
             outputs, trace = group.backend.run_traced(lane, feeds, ("logits",))
-            np.testing.assert_allclose(outputs[0], want["logits"], rtol=1e-6, atol=1e-7)
+            assert_outputs_close({"logits": outputs[0]}, {"logits": want["logits"]}, f"lane {lane}")
             scope = group.backend._lanes.copies[lane].scope
             ran = _devices_of_copy(_ran_on(trace.step_stats), scope)
             relus = [op.name for op in _copy_ops(group.backend._graph, scope, "Relu")]
