@@ -32,7 +32,7 @@ from ..features.ev_checkpoint import StoreDelta, TableSource, read_store_delta
 from ..store.model_version import ModelVersion
 from . import device_plan, embedding_lookup, lane_graphs, pinning
 from .tf_signature import SERVE_TAGS, signature_from_def
-from .tf_variables import VariableUpdater
+from .tf_variables import VariableUpdater, check_outputs_restored, restored_variables
 
 _TRACE_LOCK = threading.Lock()  # FULL_TRACE runs: one profiling session per process
 UPDATE_POOL_NAME = "processor_model_update"
@@ -129,6 +129,8 @@ class TensorFlowBackend:
                     self._session.run(saver_def.restore_op_name, {saver_def.filename_tensor_name: prefix},
                                       options=self._update_options)
                     loader.run_init_ops(self._session, SERVE_TAGS)
+                    check_outputs_restored(self._graph, restored_variables(self._graph, self._session),
+                                           outputs, version.savedmodel_dir)
             self._updater = VariableUpdater(self._graph, self._session, self._update_options)
             if self._embedding is not None:
                 tables = {lk.table for lk in self._embedding.lookups}

@@ -12,8 +12,59 @@ from __future__ import annotations
 import numpy as np
 
 from ..checkpoint.delta import CheckpointError, Delta, VariableInfo
+from ..config import shorten
+from ..errors import ConfigError
 
 _RESOURCE_VARIABLE_OPS = ("VarHandleOp",)
+_VARIABLE_OPS = ("VarHandleOp", "VariableV2")
+
+
+def restored_variables(graph, session) -> set[str]:
+    """The names of the graph's variables that hold a value (the SavedModel loaded, restored and
+    its init ops run).
+
+    A Keras 3 export (``model.export``) tracks each variable twice: the graph holds a second
+    handle per variable that neither the saver restores nor the signature reads. Those are no
+    parameter of the model (reading one fails: "Could not find variable"), so callers that list
+    the model's parameters take these names only.
+    """
+    import tensorflow as tf
+
+    ops = [op for op in graph.get_operations() if op.type in _VARIABLE_OPS]
+    if not ops:
+        return set()
+    with graph.as_default(), tf.name_scope("processor_restored"):
+        checks = {op.name: (tf.raw_ops.VarIsInitializedOp(resource=op.outputs[0]) if op.type == "VarHandleOp"
+                            else tf.raw_ops.IsVariableInitialized(ref=op.outputs[0])) for op in ops}
+    return {name for name, initialized in session.run(checks).items() if initialized}
+
+
+def check_outputs_restored(graph, restored: set[str], outputs: list[str], savedmodel_dir: str) -> None:
+    """Refuse a SavedModel whose signature reads a variable its saver never restores.
+
+    That is what ``tf.saved_model.save(keras_3_model)`` writes: the signature's function reads
+    handles the checkpoint does not fill (Keras 3 tracks its variables apart from the graph), so
+    every request would fail ("Could not find variable"). TF Serving's loader fails the same
+    way; Keras 3's own answer is ``model.export()``.
+
+    Raises:
+        ConfigError: naming ``savedmodel_dir``, the first such variables and the fix.
+    """
+    seen, stack, unread = set(), [graph.get_tensor_by_name(name).op for name in outputs], []
+    while stack:
+        op = stack.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        if op.type in _VARIABLE_OPS and op.name not in restored:
+            unread.append(op.name)
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+    if unread:
+        raise ConfigError(
+            f"savedmodel_dir: the signature of {shorten(savedmodel_dir)} reads variables the SavedModel does "
+            f"not restore ({shorten(sorted(unread), 200)}): a Keras 3 model saved with tf.saved_model.save() "
+            f"writes this; export it with model.export() (what TF Serving serves too)")
 
 
 class VariableUpdater:

@@ -7,6 +7,10 @@
   Saved with ``tf.saved_model.save`` of a ``tf.Module`` calling the Keras model, with a
   ``tf.function`` serving signature; checkpoint step 1 from ``tf.train.Checkpoint`` of the same
   module built with other weights.
+* :func:`build_keras3_hashing_dcn`: a Keras 3 DCN of ``Hashing`` + ``Embedding`` + ``Dense`` only
+  (no lookup tables), written the two ways Keras 3 users do: ``model.export()`` (its graph holds
+  a second, unrestored handle per variable) or ``tf.saved_model.save(model)`` (its signature
+  reads handles nothing restores); TF Serving's layout, version 1; with the model's own answer.
 * :func:`build_tf1_vocab_table`: a TF1 graph with a ``StaticHashTable`` vocabulary (string -> id,
   unknown words -> the last row) and an embedding variable; input ``word`` string [None], outputs ``id`` int64 [None]
   and ``score`` float32 [None, 1]. Exported with ``SavedModelBuilder`` and
@@ -86,6 +90,35 @@ def build_keras_dcn(out_dir: Path) -> ModelPaths:
     tf.saved_model.save(module, str(paths.savedmodel_dir), signatures={SIGNATURE_NAME: module.serve})
     publish_checkpoint(paths.run_dir, 1, tf.train.Checkpoint(KerasDCNModule(2)).write)
     return read_model_paths(Path(out_dir))
+
+
+HASHING_DCN_FEEDS = {"item_id": np.array([3, 99, -5, 2**40], np.int64), "user_id": np.array([1, 2, 3, 0], np.int64),
+                     "dense": _rand(5, (4, 3))}
+
+
+def build_keras3_hashing_dcn(out_dir: Path, saved_with: str) -> tuple[Path, dict[str, np.ndarray]]:
+    """The model in ``out_dir/1`` (``saved_with``: ``export`` or ``tf_saved_model``) and what
+    Keras itself answers for :data:`HASHING_DCN_FEEDS` (output ``output_0``)."""
+    import keras
+
+    item = keras.Input(shape=(), dtype="int64", name="item_id")
+    user = keras.Input(shape=(), dtype="int64", name="user_id")
+    dense = keras.Input(shape=(3,), dtype="float32", name="dense")
+    ei = keras.layers.Embedding(13, 4, name="item_emb")(keras.layers.Hashing(num_bins=13, name="item_hash")(item))
+    eu = keras.layers.Embedding(USER_BINS, 4, name="user_emb")(keras.layers.Hashing(num_bins=USER_BINS)(user))
+    x0 = keras.layers.Concatenate()([ei, eu, dense])
+    cross = keras.layers.Add()([keras.layers.Multiply()([x0, keras.layers.Dense(11, name="cross_w")(x0)]), x0])
+    deep = keras.layers.Dense(8, activation="relu", name="deep")(x0)
+    logit = keras.layers.Dense(1, name="logit")(keras.layers.Concatenate()([cross, deep]))
+    model = keras.Model({"item_id": item, "user_id": user, "dense": dense}, logit)
+    for k, weight in enumerate(model.weights):
+        weight.assign(_rand(300 + k, tuple(weight.shape)))
+    base = Path(out_dir)
+    if saved_with == "export":
+        model.export(str(base / "1"))
+    else:
+        tf.saved_model.save(model, str(base / "1"))
+    return base, {"output_0": np.asarray(model(HASHING_DCN_FEEDS))}
 
 
 def _tf1_vocab_graph(seed: int):

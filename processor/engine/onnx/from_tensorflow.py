@@ -41,6 +41,7 @@ from ...config import shorten
 from ...errors import ConfigError, Internal, NotFound, ProcessorError
 from ...store.model_version import ModelVersion
 from ..tf_signature import SERVE_TAGS, signature_from_def
+from ..tf_variables import check_outputs_restored, restored_variables
 from .check import check_against_tensorflow
 from .hash_rewrite import CONTRIB_DOMAIN, rewrite_string_hashing
 from .signature import signature_to_manifest
@@ -75,15 +76,18 @@ def _load_tf(savedmodel_dir: str, version: ModelVersion, signature_name: str):
             prefix = version.full_prefix or os.path.join(savedmodel_dir, "variables", "variables")
             session.run(saver_def.restore_op_name, {saver_def.filename_tensor_name: prefix})
             loader.run_init_ops(session, SERVE_TAGS)
+            restored = restored_variables(graph, session)
+            signature = signature_from_def(signature_name, sig_def)
+            check_outputs_restored(graph, restored, [s.name for s in signature.outputs.values()], savedmodel_dir)
     except Exception as exc:
         session.close()
-        if isinstance(exc, (Internal, NotFound)):
+        if isinstance(exc, ProcessorError):
             raise
         raise Internal(f"loading {version.full_prefix or savedmodel_dir!r} for conversion failed: "
                        f"{type(exc).__name__}: {exc}") from exc
     # tf.saved_model.save writes an object graph: such models convert through tf2onnx's TF2 path
     tf2 = len(meta_graph.object_graph_def.nodes) > 0
-    return graph, session, signature_from_def(signature_name, sig_def), tf2
+    return graph, session, signature, tf2, restored
 
 
 def _tf2onnx_handlers() -> dict[str, Any]:
@@ -297,10 +301,9 @@ def convert_savedmodel(savedmodel_dir: str, version: ModelVersion, signature_nam
     import tensorflow as tf
     import tf2onnx
 
-    graph, session, signature, tf2 = _load_tf(savedmodel_dir, version, signature_name)
+    graph, session, signature, tf2, variable_names = _load_tf(savedmodel_dir, version, signature_name)
     try:
         graph_def = graph.as_graph_def()
-        variable_names = {n.name for n in graph_def.node if n.op in ("VarHandleOp", "VariableV2")}
         outputs = [s.name for s in signature.outputs.values()]
         tf2_error = None
         if tf2:
