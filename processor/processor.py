@@ -8,7 +8,10 @@ thread-safe.
 
 from __future__ import annotations
 
+import atexit
 import logging
+import threading
+import weakref
 from typing import Any
 
 from .config import ModelConfig, parse_json
@@ -62,6 +65,7 @@ class Processor:
         except BaseException:
             processor.close()  # stops the watcher, feature-store probes and the tracer's writer
             raise
+        _close_at_exit(processor)
         return processor
 
     def process(self, data: bytes) -> tuple[int, bytes]:
@@ -112,6 +116,36 @@ class Processor:
     def close(self) -> None:
         self.models.drain()  # runs the requests still queued for a batch
         self.models.close()
+
+
+_open: weakref.WeakSet[Processor] = weakref.WeakSet()
+_open_lock = threading.Lock()
+
+
+def _close_at_exit(processor: Processor) -> None:
+    """Close ``processor`` when the interpreter exits if nobody finalized it.
+
+    A script that initializes a model and exits without ``finalize`` would otherwise leave the
+    engines' native objects (ONNX Runtime sessions, the native engine's plans) to interpreter
+    teardown, whose order nanobind reports as leaks; closing first releases them in order and
+    stops the model's threads. Registered on the first create, so importing does nothing.
+    """
+    with _open_lock:
+        if not _open:
+            atexit.unregister(_close_open_processors)  # at most one registration
+            atexit.register(_close_open_processors)
+        _open.add(processor)
+
+
+def _close_open_processors() -> None:
+    with _open_lock:
+        left = list(_open)
+        _open.clear()
+    for processor in left:
+        try:
+            processor.close()  # idempotent: finalize may have run already
+        except Exception:  # exiting anyway: report, never mask the exit
+            log.exception("closing model %r at exit failed", processor.name)
 
 
 def _answer(err: ProcessorError) -> tuple[int, bytes]:
