@@ -183,7 +183,7 @@ def main() -> None:
         fake_file = work / f"fake_{b}.json"
         fake_file.write_text(fake_cfg)
         host = HostSession(fake_file, request_files[b], work / f"host_fake_{b}.log", env,
-                           lib=BUILD / "testing" / "libserving_processor.so")
+                           lib=BUILD / "testing" / "libserving_processor_testing.so")
         echo[b] = compare(*interleaved(host, fake.process, fake.initialize("", fake_cfg), requests[b],
                                        args.echo_seconds, args.repeat, f"ABI alone batch {b}"))
     load_after = os.getloadavg()

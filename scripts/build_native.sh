@@ -69,4 +69,7 @@ if ! cmake --build "$build" --parallel "$jobs" >"$build/build.log" 2>&1; then
   exit 1
 fi
 grep -i "warning" "$build/build.log" >&2 || true
+# The test library (testing/libserving_processor_testing.so) once had the production file name; a
+# build tree from then keeps that file, which a look-up by name could load: remove it.
+rm -f "$build/testing/libserving_processor.so"
 echo "[build_native] $build/libserving_processor.so, $build/processor_host"

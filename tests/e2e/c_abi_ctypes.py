@@ -2,7 +2,7 @@
 
 Used in-process (the library then joins the caller's interpreter) and as a script run in a
 subprocess, where it drives scenarios against the stand-in Python module c_abi_fake_abi (LIB is
-then the test build, ``cpp_processor/build/testing/libserving_processor.so``) or under
+then the test build, ``cpp_processor/build/testing/libserving_processor_testing.so``) or under
 LeakSanitizer::
 
     python tests/e2e/c_abi_ctypes.py LIB SCENARIO [CONFIG_FILE [REQUEST_FILE]]

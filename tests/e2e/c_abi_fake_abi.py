@@ -1,6 +1,6 @@
 """A stand-in for ``processor.abi`` used by the C ABI tests and the overhead benchmark.
 
-The test build of the library, ``cpp_processor/build/testing/libserving_processor.so``, imports
+The test build of the library, ``cpp_processor/build/testing/libserving_processor_testing.so``, imports
 it instead of ``processor.abi`` (put this directory on ``PYTHONPATH``); the production library
 always imports ``processor.abi``. It needs no model: ``process`` echoes the request (or returns
 a fixed response of a chosen size), so what is measured or tested is the library itself.

@@ -4,7 +4,7 @@ The library and the example host are built once per session with scripts/build_n
 (cmake). The host runs as a subprocess (it starts its own embedded interpreter); the ctypes
 tests load the library into this pytest process, where it joins the running interpreter.
 The model is the demo CTR model (small preset) from tests/conftest.py. Tests that need a
-Python side misbehaving on purpose use the test build build/testing/libserving_processor.so,
+Python side misbehaving on purpose use the test build build/testing/libserving_processor_testing.so,
 which imports the stand-in c_abi_fake_abi instead of processor.abi (cpp_processor/README.md).
 """
 
@@ -62,8 +62,11 @@ def native_build() -> dict[str, Path]:
     assert proc.returncode == 0, f"build failed:\n{proc.stdout}\n{proc.stderr}"
     paths = {"lib": BUILD / "libserving_processor.so", "host": BUILD / "processor_host",
              "host_lsan": BUILD / "processor_host_lsan",
-             "lib_testing": BUILD / "testing" / "libserving_processor.so"}
+             "lib_testing": BUILD / "testing" / "libserving_processor_testing.so"}
     assert paths["lib"].exists() and paths["host"].exists() and paths["lib_testing"].exists()
+    # the stand-in library never carries the production library's file name
+    named = sorted(p.relative_to(BUILD) for p in BUILD.rglob("libserving_processor.so"))
+    assert named == [Path("libserving_processor.so")], named
     return paths
 
 
