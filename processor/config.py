@@ -192,6 +192,12 @@ class ModelConfig(BaseModel):
     ev_storage_type: Literal[0, 1, 12] = 0
     ev_storage_path: str = ""
     ev_storage_size: tuple[int, ...] = ()
+    # Ours: bytes of the hot-row cache in front of Redis / Redis Cluster, per served version
+    # (CLOCK eviction; 0 turns it off). See processor/features/row_cache.py.
+    redis_cache_bytes: int = Field(256 << 20, ge=0, le=1 << 40)
+    # Ours: how the DRAM, DRAM+SSD and Redis stores hold embedding rows; float16 halves the bytes
+    # (rows are widened to float32 at lookup; a table with values past float16's range is refused).
+    embedding_dtype: Literal["float32", "float16"] = "float32"
 
     # --- sharding (DeepRec keys) ------------------------------------------------------------
     shard_embedding: bool = False
@@ -299,6 +305,10 @@ class ModelConfig(BaseModel):
             raise ValueError(f"timeline_path: must be an absolute path or a URL, got {shorten(self.timeline_path)}")
         if self.ev_storage_type == 12 and not self.ev_storage_path:
             raise ValueError("ev_storage_path: required when ev_storage_type is 12 (DRAM+SSD)")
+        if (self.embedding_dtype != "float32" and self.ev_storage_type == 0
+                and self.feature_store_type not in ("redis", "cluster_redis")):
+            raise ValueError(f"embedding_dtype: {self.embedding_dtype} needs the tables in a feature store "
+                             f"(ev_storage_type 1 or 12, or feature_store_type 'redis' / 'cluster_redis')")
         if self.shard_embedding:
             if self.feature_store_type not in ("local", "memory"):
                 raise ValueError("shard_embedding: needs feature_store_type 'local' or 'memory'")

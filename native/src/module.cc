@@ -5,6 +5,8 @@
 //   encode(keys, arrays)       response keys + output arrays -> PredictResponse bytes, or None
 //   fingerprint64(values)      object array of bytes/str -> uint64 Fingerprint64 array, or None
 //   OrtEngine, Batcher         whole requests on ONNX Runtime and the batching queue: module_engine.cc
+//   find_rows, lookup_rows, RowCache  the embedding stores' index probe, row gather, hot-row cache:
+//                              module_store.cc
 //
 // None always means "not taken by the fast path": the caller runs the Python reference
 // (processor/codec.py, processor/engine/string_hash.py), which produces the result or the exact
@@ -25,6 +27,7 @@
 
 #include "fingerprint.h"
 #include "module_engine.h"
+#include "module_store.h"
 #include "request.h"
 #include "response.h"
 
@@ -295,6 +298,7 @@ NB_MODULE(_native, m) {
            "inputs: [(alias, tensor name, dtype, shape or None, fingerprint)], outputs: "
            "[(alias, tensor name)]");
   sp::py::bind_engine(m);
+  sp::py::bind_store(m);
   m.def("decode", &decode, nb::arg("plan"), nb::arg("data"));
   m.def("encode", &encode, nb::arg("keys"), nb::arg("arrays"));
   m.def("fingerprint64", &fingerprint64, nb::arg("values"));

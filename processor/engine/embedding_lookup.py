@@ -292,7 +292,7 @@ def attach(graph, session, meta_graph, outputs: Sequence[str], prefix: str, vers
         if layout.dim != lk.dim:
             raise ConfigError(f"table {lk.table!r}: the checkpoint's rows have dim {layout.dim}, the graph's {lk.dim}")
         lk.keyed_by = layout.keyed_by
-        specs[lk.table] = TableSpec(lk.table, lk.dim, layout.keyed_by, layout.rows)
+        specs[lk.table] = TableSpec(lk.table, lk.dim, layout.keyed_by, layout.rows, dtype=store.dtype)
     tables = store.open_version(version_id(version), specs, TableSource(prefix))
     if hasattr(tables, "filtered"):
         tables.filtered = {t: ev[t].filtered for t in specs if t in ev and ev[t].filtered}

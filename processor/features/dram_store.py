@@ -1,9 +1,14 @@
 """In-process DRAM store (``ev_storage_type`` 1, and EmbeddingVariable checkpoints by default).
 
-:class:`DramTable` holds one table: a :class:`~.hash_index.HashIndex` (key -> row), a float32
-values array ``[rows, dim]`` and, when the checkpoint has them, uint32 freq / version arrays
-(saturating). Memory per key: ``4 * dim`` bytes of values, 8 + 4 / load (<= 16) bytes of
-index, plus 8 bytes of metadata when kept. No Python object per row.
+:class:`DramTable` holds one table: a :class:`~.hash_index.HashIndex` (key -> row), a values
+array ``[rows, dim]`` (float32, or float16 with ``embedding_dtype`` float16: half the bytes,
+widened to float32 at lookup) and, when the checkpoint has them, uint32 freq / version arrays
+(saturating). Memory per key: ``4 * dim`` (float16: ``2 * dim``) bytes of values, 8 + 4 / load
+(<= 16) bytes of index, plus 8 bytes of metadata when kept. No Python object per row.
+
+Lookups run the index probe and the row gather in native code without the GIL
+(:mod:`.native_rows`) when the extension is built; :meth:`DramTable.lookup_reference` is the
+numpy reference it is tested against and the fallback.
 
 Thread safety: any number of concurrent :meth:`DramTable.lookup`; :meth:`DramTable.upsert`
 only while no lookup runs (deltas are applied behind the SessionGroup's update gate).
@@ -12,14 +17,17 @@ only while no lookup runs (deltas are applied behind the SessionGroup's update g
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from .rows import LookupStats, RowChunk, TableSpec
+from . import native_rows
+from .rows import LookupStats, Narrowing, RowChunk, TableSpec, to_storage
 from .hash_index import HashIndex
 from .progress import LoadProgress
+from .store_metrics import StoreMetrics
 
 log = logging.getLogger("processor.features")
 
@@ -61,11 +69,12 @@ class DramTable:
     def __init__(self, spec: TableSpec, capacity: int = 0) -> None:
         self.spec = spec
         self.index = HashIndex(capacity)
-        self.values = np.empty((capacity, spec.dim), np.float32)
+        self.values = np.empty((capacity, spec.dim), spec.storage)
         self.freqs: np.ndarray | None = None
         self.versions: np.ndarray | None = None
         self.default = spec.default_vector()
         self.stats = LookupStats()
+        self.narrowing = Narrowing() if spec.dtype != "float32" else None
 
     @property
     def size(self) -> int:
@@ -73,25 +82,35 @@ class DramTable:
 
     def lookup(self, keys: np.ndarray) -> np.ndarray:
         """float32 ``[len(keys), dim]``: each key's row, the default vector where absent."""
+        return self.lookup_counted(keys)[0]
+
+    def lookup_counted(self, keys: np.ndarray) -> tuple[np.ndarray, int, int, int]:
+        """(:meth:`lookup`'s rows, default vectors served, cache hits, cache misses: none here)."""
+        q = np.ascontiguousarray(keys, np.int64).reshape(-1)
+        if native_rows.AVAILABLE:
+            out, misses = native_rows.lookup_rows(self.index, self.values, self.default, q)
+        else:
+            out, misses = self.lookup_reference(q)
+        self.stats.add(len(q), misses)
+        return out, misses, 0, 0
+
+    def lookup_reference(self, keys: np.ndarray) -> tuple[np.ndarray, int]:
+        """:meth:`lookup` in numpy: (rows as float32, how many got the default vector)."""
         rows = self.index.find(keys)
         miss = rows < 0
+        misses = int(np.count_nonzero(miss))
         if self.size == 0:
-            out = np.broadcast_to(self.default, (len(rows), self.spec.dim)).copy()
-        else:
-            out = self.values[np.where(miss, 0, rows)]
-            misses = int(np.count_nonzero(miss))
-            if misses:
-                out[miss] = self.default
-        self.stats.lookups += 1
-        self.stats.ids += len(rows)
-        self.stats.default_served += int(np.count_nonzero(miss))
-        return out
+            return np.broadcast_to(self.default, (len(rows), self.spec.dim)).copy(), misses
+        out = self.values[np.where(miss, 0, rows)].astype(np.float32, copy=False)
+        if misses:
+            out[miss] = self.default
+        return out, misses
 
     def upsert(self, chunk: RowChunk) -> int:
         """Write rows (new keys are added); returns the number of new keys."""
         if len(chunk) == 0:
             return 0
-        values = checked_values(self.spec, chunk)
+        values = to_storage(self.spec, checked_values(self.spec, chunk), self.narrowing)
         rows, new = self.index.upsert(chunk.keys)
         self._ensure_rows(self.index.size)
         self.values[rows] = values
@@ -102,7 +121,7 @@ class DramTable:
         if n <= len(self.values):
             return
         cap = max(n, int(len(self.values) * 1.5) + 16)
-        grown = np.empty((cap, self.spec.dim), np.float32)
+        grown = np.empty((cap, self.spec.dim), self.values.dtype)
         grown[: len(self.values)] = self.values
         self.values = grown
         for name in ("freqs", "versions"):
@@ -130,13 +149,19 @@ class DramTable:
 
 
 class LocalVersionTables:
-    """A version's tables held in this process (DRAM or DRAM+SSD tables). See feature_store."""
+    """A version's tables held in this process (DRAM or DRAM+SSD tables). See feature_store.
 
-    def __init__(self, kind: str, version: str, specs: dict[str, TableSpec], tables: dict[str, Any]) -> None:
+    ``metrics``: the store's :class:`~.store_metrics.StoreMetrics`, filled by every lookup
+    (``tier``: the cache tier whose hits and misses the tables count, "" for none)."""
+
+    def __init__(self, kind: str, version: str, specs: dict[str, TableSpec], tables: dict[str, Any],
+                 metrics: StoreMetrics | None = None, tier: str = "") -> None:
         self.kind = kind
         self.version = version
         self.specs = specs
         self.tables = tables
+        self.metrics = metrics
+        self.tier = tier
         self.progress: LoadProgress | None = None
         self.filtered: dict[str, int] = {}
 
@@ -148,7 +173,16 @@ class LocalVersionTables:
         self.progress.finish()
 
     def lookup(self, requests: Sequence[tuple[str, np.ndarray]]) -> list[np.ndarray]:
-        return [self.tables[name].lookup(keys) for name, keys in requests]
+        if self.metrics is None:
+            return [self.tables[name].lookup(keys) for name, keys in requests]
+        started = time.perf_counter()
+        out, counts = [], []
+        for name, keys in requests:
+            rows, *counted = self.tables[name].lookup_counted(keys)
+            out.append(rows)
+            counts.append((name, len(rows), *counted))
+        self.metrics.record(time.perf_counter() - started, counts, self.tier)
+        return out
 
     def stage_delta(self, rows: dict[str, RowChunk], step: int, source=None) -> None:
         return None  # rows live in this process: written by apply_delta, behind the update gate
@@ -161,7 +195,9 @@ class LocalVersionTables:
         tables = {}
         for name, table in self.tables.items():
             tables[name] = {"rows": table.size, "dim": table.spec.dim, "keyed_by": table.spec.keyed_by,
-                            "bytes": table.nbytes(), **table.stats.as_dict()}
+                            "dtype": table.spec.dtype, "bytes": table.nbytes(), **table.stats.as_dict()}
+            if table.narrowing is not None:
+                tables[name]["float16"] = table.narrowing.as_dict()
             if self.filtered.get(name):
                 tables[name]["filtered_ids"] = self.filtered[name]
         return {"store": self.kind, "version": self.version, "tables": tables,
@@ -180,15 +216,19 @@ class DramStore:
 
     kind = "dram"
 
+    def __init__(self, dtype: str = "float32") -> None:
+        self.dtype = dtype  # embedding_dtype: TableSpec.dtype of the versions opened here
+        self.metrics = StoreMetrics(self.kind)
+
     def open_version(self, version: str, specs: dict[str, TableSpec], source) -> LocalVersionTables:
         sizes = _row_counts(source, specs)
         tables = {name: DramTable(spec, sizes.get(name, 0)) for name, spec in specs.items()}
-        vt = LocalVersionTables(self.kind, version, specs, tables)
+        vt = LocalVersionTables(self.kind, version, specs, tables, self.metrics)
         vt.load(source)
         return vt
 
     def describe(self) -> dict[str, Any]:
-        return {"type": self.kind}
+        return {"type": self.kind, "embedding_dtype": self.dtype}
 
     def close(self) -> None:
         return None

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from .rows import RowChunk, TableSpec
+from .store_metrics import StoreMetrics
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
@@ -65,9 +66,14 @@ class VersionTables(Protocol):
 
 
 class FeatureStore(Protocol):
-    """A model's embedding storage, alive as long as the model. Thread-safe."""
+    """A model's embedding storage, alive as long as the model. Thread-safe.
+
+    ``dtype``: how its versions hold rows (``embedding_dtype``; :attr:`TableSpec.dtype`);
+    ``metrics``: its :class:`~.store_metrics.StoreMetrics`, filled by every lookup."""
 
     kind: str
+    dtype: str
+    metrics: StoreMetrics
 
     def open_version(self, version: str, specs: dict[str, TableSpec], source: TableSource) -> VersionTables:
         """Make ``version``'s tables servable (loading them from ``source`` if needed)."""
@@ -103,7 +109,7 @@ def open_feature_store(config: ModelConfig, model_name: str, kind: str | None = 
     if kind == "dram":
         from .dram_store import DramStore
 
-        return DramStore()
+        return DramStore(config.embedding_dtype)
     if kind == "dram_ssd":
         from .tiered_store import TieredStore
 

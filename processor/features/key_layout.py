@@ -11,7 +11,7 @@
                                          released / extended only by its token (compare-and-X)
     sp1:{<ns>/<ver>/<tag_p>}             HASH  partition p (of P) of version <ver>, all tables:
         field  = <id: 8 bytes int64 little-endian> <table: 3 bytes big-endian> 0x01    (12 bytes)
-        value  = dim x float32 little-endian
+        value  = dim x float32 little-endian (float16 for a version ending in .f16)
         field "\\x00ready" = <ver>, written after the partition's rows: its absence means the
                  partition lost its data (a Redis that restarted empty) and is refilled
 
@@ -135,6 +135,7 @@ class KeyLayout:
 
     @staticmethod
     def values(rows: np.ndarray) -> list[bytes]:
-        """Each row as little-endian float32 bytes."""
-        rows = np.ascontiguousarray(rows, "<f4")
-        return rows.view(f"V{rows.shape[1] * 4}").reshape(-1).tolist()
+        """Each row as little-endian bytes of its dtype (float32, or float16 for
+        ``embedding_dtype`` float16: the version's keys then end in ``.f16``)."""
+        rows = np.ascontiguousarray(rows, rows.dtype.newbyteorder("<"))
+        return rows.view(f"V{rows.shape[1] * rows.dtype.itemsize}").reshape(-1).tolist()

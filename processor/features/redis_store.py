@@ -30,11 +30,24 @@ Nothing of the process's own state is lost meanwhile. A store that cannot be rea
 starts down: ``initialize`` fails within that time, before the model loads, or waits for it up to
 ``init_timeout_minutes`` (:meth:`~processor.manager.model_manager.ModelManager.start`).
 
+**Hot-row cache** (:mod:`.row_cache`, ``redis_cache_bytes``, on by default): lookups take the
+cached rows and ask Redis only for the others. Since a lookup answered from the cache touches
+no network, a heartbeat thread checks the newest version's sentinels every ``probe_seconds``
+while the store is up: an outage (or a Redis that came back empty) is found as it is without a
+cache, and requests fail fast (503) until the store is back, as they do without one.
+
+**Deltas and the served version**: the replica that writes a delta into Redis first reads the
+rows it changes and serves those (:meth:`RedisVersionTables.pin`) until it applies the delta
+behind the update gate, so each of its responses is of one version, the old or the new. Another
+replica sees the rows change in Redis as they are written (its cache keeps the old ones) until
+it applies the delta: then the cached rows of the delta take its values, from the delta file.
+
 Thread-safe.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -50,11 +63,13 @@ import numpy as np
 
 from ..errors import Internal, Unavailable
 from .ev_checkpoint import TableSource
-from .rows import LookupStats, RowChunk, TableSpec
+from .rows import LookupStats, Narrowing, RowChunk, TableSpec, to_storage
 from .key_layout import DEFAULT_PARTITIONS, SENTINEL, KeyLayout, key_slot, table_id
 from .progress import LoadProgress
 from .redis_client import RedisNodes, StoreDown
 from .redis_url import parse_redis_url
+from .row_cache import HotRowCache
+from .store_metrics import StoreMetrics
 
 log = logging.getLogger("processor.features")
 
@@ -65,47 +80,96 @@ _WRITE_ROWS = 2048  # rows per HSET command
 
 
 class RedisVersionTables:
-    """One version's tables in Redis. See the module doc and :mod:`.feature_store`."""
+    """One version's tables in Redis. See the module doc and :mod:`.feature_store`.
+
+    ``version`` names the version's keys in Redis: the engine's version id, with ``.f16`` added
+    for ``embedding_dtype`` float16 (replicas with another dtype never read these rows).
+    """
 
     def __init__(self, store: RedisStore, version: str, specs: dict[str, TableSpec], source: TableSource) -> None:
         self.store = store
-        self.version = version
+        self.version = version if store.dtype == "float32" else f"{version}.f16"
         self.specs = specs
         self.source = source
-        self.keys, self.slots = store.layout.partition_keys(version)
+        self.keys, self.slots = store.layout.partition_keys(self.version)
         self.tids = {name: table_id(name) for name in specs}
         if len(set(self.tids.values())) != len(self.tids):
             raise Internal("two embedding tables share a 24-bit table id; rename one")
         self._defaults = {name: spec.default_vector() for name, spec in specs.items()}
-        self.stats = LookupStats(extra={"redis_commands": 0})
+        self._wire = {name: np.dtype(spec.storage).newbyteorder("<") for name, spec in specs.items()}
+        self.stats = LookupStats(extra={"redis_commands": 0, "cache_hits": 0, "cache_misses": 0})
+        self.narrowing = {name: Narrowing() for name, spec in specs.items() if spec.dtype != "float32"}
+        self._narrowing_lock = threading.Lock()
         self.loaded_by: str | None = None
         self.progress: LoadProgress | None = None
         self.delta_step = -1
+        self.cache_off = HotRowCache.reason_off(store.cache_bytes)
+        self.cache = HotRowCache(specs, store.cache_bytes) if self.cache_off is None else None
+        self.prefilled = 0
+        # Rows a delta this replica is writing into Redis changes, as the served version has them
+        # (table -> (sorted ids, rows, present)); lookups serve them until apply_delta. See stage_delta.
+        self._pinned: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
 
     # --- serving ----------------------------------------------------------------------------
 
     def lookup(self, requests: Sequence[tuple[str, np.ndarray]]) -> list[np.ndarray]:
-        store = self.store
-        store.check_up()
-        layout = store.layout
-        segments = []
-        ids_parts, tid_parts, part_parts = [], [], []
+        """Rows of each request: cached ones from the hot-row cache, the others from Redis in
+        one pipelined round (and then cached). See the module doc."""
+        started = time.perf_counter()
+        self.store.check_up()
+        cache = self.cache
+        parts, wanted = [], []
         for name, keys in requests:
             uniq, inverse = np.unique(np.asarray(keys, np.int64).reshape(-1), return_inverse=True)
-            tid = self.tids[name]
-            segments.append((name, uniq.size, inverse))
-            ids_parts.append(uniq)
-            tid_parts.append(np.full(uniq.size, tid, np.uint32))
-            part_parts.append(layout.partition_of(tid, uniq))
-        ids = np.concatenate(ids_parts) if ids_parts else np.empty(0, np.int64)
-        total = ids.size
-        out: list[np.ndarray] = []
+            rows = np.empty((uniq.size, self.specs[name].dim), np.float32)
+            miss = cache.lookup(name, uniq, rows) if cache is not None else None
+            parts.append((name, uniq, inverse, rows, miss))
+            wanted.append((name, uniq if miss is None else uniq[miss]))
+        fetched = self._fetch(wanted)
+        pinned = self._pinned
+        out, counts = [], []
+        hits_total = misses_total = 0
+        for (name, uniq, inverse, rows, miss), (_, ids), (got, present) in zip(parts, wanted, fetched):
+            if pinned is not None and name in pinned and len(ids):
+                _overlay(pinned[name], ids, got, present)
+            if miss is None:
+                rows = got
+            elif len(ids):
+                rows[miss] = got
+            if cache is not None and len(ids):
+                cache.insert(name, ids[present], got[present])
+            defaults = 0
+            if not present.all():
+                absent = np.zeros(uniq.size, bool)
+                absent[np.arange(uniq.size) if miss is None else miss] = ~present
+                defaults = int(np.count_nonzero(absent[inverse]))
+            out.append(rows[inverse])
+            hits = uniq.size - len(ids) if cache is not None else 0
+            misses = len(ids) if cache is not None else 0
+            hits_total += hits
+            misses_total += misses
+            counts.append((name, len(inverse), defaults, hits, misses))
+        self.stats.add(sum(c[1] for c in counts), sum(c[2] for c in counts))
+        self.stats.extra["cache_hits"] += hits_total
+        self.stats.extra["cache_misses"] += misses_total
+        self.store.metrics.record(time.perf_counter() - started, counts, "redis_cache" if cache is not None else "")
+        return out
+
+    def _fetch(self, wanted: Sequence[tuple[str, np.ndarray]]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """For each (table, distinct ids): (float32 rows, the default vector where absent; present
+        mask), read from Redis with one ``HMGET`` per partition, pipelined per node."""
+        store = self.store
+        layout = store.layout
+        sizes = [len(ids) for _, ids in wanted]
+        total = sum(sizes)
         if total == 0:
-            return [np.empty((0, self.specs[n].dim), np.float32) for n, _ in requests]
-        parts = np.concatenate(part_parts)
+            return [(np.empty((0, self.specs[n].dim), np.float32), np.zeros(0, bool)) for n, _ in wanted]
+        ids = np.concatenate([ids for _, ids in wanted])
+        tids = np.concatenate([np.full(len(i), self.tids[n], np.uint32) for n, i in wanted])
+        parts = np.concatenate([layout.partition_of(self.tids[n], i) for n, i in wanted])
         order = np.argsort(parts, kind="stable")
         counts = np.bincount(parts, minlength=layout.partitions)
-        fields = layout.packed_fields(np.concatenate(tid_parts)[order], ids[order])
+        fields = layout.packed_fields(tids[order], ids[order])
         commands = []
         pos = 0
         for p in np.flatnonzero(counts).tolist():
@@ -120,12 +184,13 @@ class RedisVersionTables:
             if reply[0] is None:
                 store.data_lost(self, "a partition of version %s has no data" % self.version)
             flat_sorted.extend(reply[1:])
+        self.stats.extra["redis_commands"] += len(commands)
         inv_order = np.empty(total, np.int64)
         inv_order[order] = np.arange(total)
         flat = [flat_sorted[j] for j in inv_order.tolist()]
+        out = []
         start = 0
-        misses = 0
-        for name, n, inverse in segments:
+        for (name, _), n in zip(wanted, sizes):
             seg = flat[start: start + n]
             start += n
             dim = self.specs[name].dim
@@ -133,35 +198,76 @@ class RedisVersionTables:
             rows = np.empty((n, dim), np.float32)
             hits = int(np.count_nonzero(hit))
             if hits:
-                rows[hit] = np.frombuffer(b"".join([v for v in seg if v is not None]), "<f4").reshape(hits, dim)
+                rows[hit] = np.frombuffer(b"".join([v for v in seg if v is not None]),
+                                          self._wire[name]).reshape(hits, dim)
             if hits < n:
                 rows[~hit] = self._defaults[name]
-                misses += int(np.count_nonzero(~hit[inverse]))
-            out.append(rows[inverse])
-        self.stats.lookups += 1
-        self.stats.ids += sum(len(inv) for _, _, inv in segments)
-        self.stats.default_served += misses
-        self.stats.extra["redis_commands"] += len(commands)
+            out.append((rows, hit))
         return out
+
+    def prefill(self, previous: RedisVersionTables | None, limit: int = 65536) -> None:
+        """Fill the cache with this version's rows of the ids hottest in ``previous``'s cache
+        (at most ``limit`` a table); best effort: a Redis error leaves the cache as it is."""
+        if self.cache is None or previous is None or previous.cache is None:
+            return
+        wanted = []
+        for name in self.specs:
+            if name in previous.specs:
+                hot = previous.cache.hot_ids(name, min(limit, self.cache.capacity_rows(name)))
+                if len(hot):
+                    wanted.append((name, np.unique(hot)))
+        try:
+            for (name, ids), (rows, present) in zip(wanted, self._fetch(wanted)):
+                self.cache.insert(name, ids[present], rows[present])
+                self.prefilled += int(np.count_nonzero(present))
+        except (Unavailable, Internal) as exc:
+            log.warning("feature store %s: no cache prefill for version %s: %s", self.store.kind, self.version, exc)
 
     # --- updates ----------------------------------------------------------------------------
 
     def stage_delta(self, rows: dict[str, RowChunk], step: int, source: TableSource | None = None) -> None:
-        """Write a delta's rows once for all replicas (see the module doc)."""
+        """Write a delta's rows once for all replicas (see the module doc). The replica that
+        writes them first pins the rows it changes as they are now (:meth:`pin`), so its
+        requests see the old version whole until :meth:`apply_delta`, then the new one whole."""
         if source is not None:
             self.source = source
         self.store.write_delta(self, rows, step)
         self.delta_step = step
 
+    def pin(self, rows: dict[str, RowChunk]) -> None:
+        """Keep serving the served rows of ``rows``' ids until :meth:`apply_delta` (called with the
+        version's writer lock held, before the delta is written into Redis)."""
+        wanted = [(name, np.unique(np.asarray(chunk.keys, np.int64))) for name, chunk in rows.items()
+                  if name in self.specs and len(chunk)]
+        self._pinned = {name: (ids, got, present)
+                        for (name, ids), (got, present) in zip(wanted, self._fetch(wanted))}
+
     def apply_delta(self, rows: dict[str, RowChunk], step: int) -> None:
-        return None  # the rows are in Redis already (stage_delta)
+        """Behind the update gate (no lookup in flight): the cached rows of the delta's ids take
+        the delta's values (as Redis now holds them: in the storage dtype), on every replica,
+        whoever wrote the delta into Redis; rows pinned by :meth:`pin` are let go."""
+        if self.cache is not None:
+            for name, chunk in rows.items():
+                spec = self.specs.get(name)
+                if spec is None or not len(chunk):
+                    continue
+                values = np.asarray(chunk.values, np.float32).astype(spec.storage).astype(np.float32)
+                self.cache.update(name, np.asarray(chunk.keys, np.int64), values)
+        self._pinned = None
 
     def describe(self) -> dict[str, Any]:
+        tables = {}
+        for n, s in self.specs.items():
+            tables[n] = {"dim": s.dim, "keyed_by": s.keyed_by, "checkpoint_rows": s.rows, "dtype": s.dtype}
+            if n in self.narrowing:
+                tables[n]["float16"] = self.narrowing[n].as_dict()
+        lookups = self.stats.as_dict()
+        looked = lookups["cache_hits"] + lookups["cache_misses"]
+        lookups["cache_hit_rate"] = lookups["cache_hits"] / looked if looked else None
+        cache = self.cache.describe() if self.cache is not None else {"policy": self.cache_off}
         return {"store": self.store.kind, "version": self.version, "loaded_by": self.loaded_by,
-                "delta_step": self.delta_step, "partitions": len(self.keys),
-                "tables": {n: {"dim": s.dim, "keyed_by": s.keyed_by, "checkpoint_rows": s.rows}
-                           for n, s in self.specs.items()},
-                "lookups": self.stats.as_dict(),
+                "delta_step": self.delta_step, "partitions": len(self.keys), "tables": tables,
+                "cache": {**cache, "prefilled_rows": self.prefilled}, "lookups": lookups,
                 "load": self.progress.describe() if self.progress else None}
 
     def release(self) -> None:
@@ -173,8 +279,12 @@ class RedisStore:
 
     def __init__(self, kind: str, nodes: RedisNodes, namespace: str, lock_timeout: int,
                  write_threads: int, partitions: int = DEFAULT_PARTITIONS, poll_seconds: float = 0.2,
-                 probe_seconds: float = 0.25) -> None:
+                 probe_seconds: float = 0.25, cache_bytes: int = 0, dtype: str = "float32") -> None:
         self.kind = kind
+        self.cache_bytes = int(cache_bytes)  # redis_cache_bytes: each version's hot-row cache
+        self.dtype = dtype  # embedding_dtype
+        self.metrics = StoreMetrics(kind)
+        self._last: weakref.ref[RedisVersionTables] | None = None  # the newest version opened
         self.nodes = nodes
         self.layout = KeyLayout(namespace, partitions)
         self.lock_timeout = int(lock_timeout)
@@ -191,6 +301,7 @@ class RedisStore:
         self._state_lock = threading.Lock()
         self._probe: threading.Thread | None = None
         self._closed = threading.Event()
+        self._heartbeat: threading.Thread | None = None
 
     @classmethod
     def from_config(cls, config, model_name: str) -> RedisStore:
@@ -200,7 +311,7 @@ class RedisStore:
         nodes = RedisNodes(addresses, config.redis_password, config.read_thread_num,
                            config.update_thread_num, cluster, connect_timeout=timeout)
         store = cls(config.feature_store_type, nodes, model_name or "default", config.lock_timeout,
-                    config.update_thread_num)
+                    config.update_thread_num, cache_bytes=config.redis_cache_bytes, dtype=config.embedding_dtype)
         try:
             nodes.check(timeout)  # bounded by the timeout in all, whatever the number of seeds
         except StoreDown as exc:
@@ -224,6 +335,7 @@ class RedisStore:
         try:
             return self.nodes.execute(commands, write=write)
         except StoreDown as exc:
+            self.metrics.count_redis(errors=1)
             self._mark_down(str(exc))
             raise Unavailable(f"feature store {self.kind} is unavailable: {exc}") from None
 
@@ -274,6 +386,7 @@ class RedisStore:
             with self._state_lock:
                 took = time.monotonic() - (self.down_since or time.monotonic())
                 self.state, self.down_since = "up", None
+            self.metrics.count_redis(reconnects=1)
             log.warning("feature store %s is back after %.1f s", self.kind, took)
             return
 
@@ -340,8 +453,27 @@ class RedisStore:
         self._ensure_loaded(vt)
         if source.delta_prefix:
             vt.delta_step = source.delta_step
+        vt.prefill(self._last() if self._last is not None else None)
         self._open.add(vt)
+        self._last = weakref.ref(vt)
+        if vt.cache is not None and self._heartbeat is None:
+            self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="feature-store-heartbeat",
+                                               daemon=True)
+            self._heartbeat.start()
         return vt
+
+    def _heartbeat_loop(self) -> None:
+        """While up, check the newest version is in Redis (see the module doc: cached lookups
+        touch no network, so they would not notice an outage)."""
+        while not self._closed.wait(self.probe_seconds):
+            vt = self._last() if self._last is not None else None
+            if self.state != "up" or vt is None:
+                continue
+            try:
+                if not self._ready(vt):
+                    self._mark_down(f"version {vt.version} is missing from Redis", state="refilling")
+            except (Unavailable, Internal):
+                continue  # run() marked the store down; the probe thread takes over
 
     def forget(self, vt: RedisVersionTables) -> None:
         self._open.discard(vt)  # the rows stay: other replicas may serve them
@@ -350,6 +482,7 @@ class RedisStore:
         token = self._wait_or_lock(vt.version, lambda: self._ready(vt))
         if token is None:
             vt.loaded_by = vt.loaded_by or "another replica"
+            self._read_narrowing(vt)
             log.info("feature store %s: version %s is in Redis already; serving it", self.kind, vt.version)
             return
         try:
@@ -402,6 +535,8 @@ class RedisStore:
         self._checked(self.run([(int(s), ("HSET", k, SENTINEL, ver)) for k, s in zip(vt.keys, vt.slots)],
                                write=True))
         step = vt.source.delta_step if vt.source.delta_prefix else -1
+        if vt.narrowing:  # what float16 cost, for the replicas that did not load it
+            self._meta("HSET", b"h:" + ver, json.dumps({n: x.as_dict() for n, x in vt.narrowing.items()}))
         self._meta("HSET", b"v:" + ver, b"ready", b"d:" + ver, step, b"active", ver)
         self._meta("HINCRBY", b"w:" + ver + b":full", 1)
         self.counters["loads_written"] += 1
@@ -413,6 +548,10 @@ class RedisStore:
         values = np.asarray(chunk.values, np.float32)
         if values.shape != (len(chunk.keys), spec.dim):
             raise Internal(f"table {table!r}: rows of shape {list(values.shape)}, expected [n, {spec.dim}]")
+        narrowing = vt.narrowing.get(table)
+        if narrowing is not None:
+            with vt._narrowing_lock:  # writer threads
+                values = to_storage(spec, values, narrowing)
         tid = vt.tids[table]
         keys = np.asarray(chunk.keys, np.int64)
         parts = self.layout.partition_of(tid, keys)
@@ -437,11 +576,12 @@ class RedisStore:
 
     def write_delta(self, vt: RedisVersionTables, rows: dict[str, RowChunk], step: int) -> None:
         self.check_up()
-        self._ensure_delta(vt, vt.source, rows, step)
+        self._ensure_delta(vt, vt.source, rows, step, pin=True)
 
     def _ensure_delta(self, vt: RedisVersionTables, source: TableSource,
-                      rows: dict[str, RowChunk] | None = None, step: int | None = None) -> None:
-        """Make Redis hold delta ``step`` of ``vt`` (read from ``source`` when rows are not given)."""
+                      rows: dict[str, RowChunk] | None = None, step: int | None = None, pin: bool = False) -> None:
+        """Make Redis hold delta ``step`` of ``vt`` (read from ``source`` when rows are not given);
+        ``pin``: this replica serves ``vt`` and applies the delta next (see RedisVersionTables.pin)."""
         if step is None:
             step = source.delta_step
         if rows is None:
@@ -459,6 +599,8 @@ class RedisStore:
         if token is None:
             return
         try:
+            if pin:
+                vt.pin(rows)
             for name, chunk in rows.items():
                 self._write_rows(vt, name, chunk)
             ver = vt.version.encode()
@@ -469,6 +611,16 @@ class RedisStore:
                      sum(len(c) for c in rows.values()))
         finally:
             self._unlock(vt.version, token)
+
+    def _read_narrowing(self, vt: RedisVersionTables) -> None:
+        """What float16 cost, as the replica that loaded ``vt`` measured it."""
+        if not vt.narrowing:
+            return
+        got = self._meta("HGET", b"h:" + vt.version.encode())
+        for name, measured in (json.loads(got) if got else {}).items():
+            if name in vt.narrowing:
+                vt.narrowing[name] = Narrowing(measured["rows_converted"], measured["bytes_saved"],
+                                               measured["max_abs_diff_from_float32"])
 
     # --- facts ------------------------------------------------------------------------------
 
@@ -481,12 +633,26 @@ class RedisStore:
         return {"type": self.kind, **self.nodes.describe(), "namespace": self.layout.namespace,
                 "partitions": self.layout.partitions, "layout": "sp1 (see processor/features/key_layout.py)",
                 "lock_timeout": self.lock_timeout, "writer_threads": self.write_threads,
+                "redis_cache_bytes": self.cache_bytes, "embedding_dtype": self.dtype,
                 "state": self.state, "last_error": self.last_error, "replica": self.replica,
                 **self.counters}
 
     def close(self) -> None:
         self._closed.set()
-        probe = self._probe
-        if probe is not None and probe is not threading.current_thread():
-            probe.join(timeout=5)
+        for thread in (self._probe, self._heartbeat):
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(timeout=5)
         self.nodes.close()
+
+
+def _overlay(pinned: tuple[np.ndarray, np.ndarray, np.ndarray], ids: np.ndarray, rows: np.ndarray,
+             present: np.ndarray) -> None:
+    """Replace ``rows`` / ``present`` of the ``ids`` that ``pinned`` holds by the pinned ones."""
+    pids, prows, ppresent = pinned
+    if not len(pids):
+        return
+    pos = np.minimum(np.searchsorted(pids, ids), len(pids) - 1)
+    match = pids[pos] == ids
+    if match.any():
+        rows[match] = prows[pos[match]]
+        present[match] = ppresent[pos[match]]

@@ -4,8 +4,9 @@ Per table:
 
 * the key index (:class:`~.hash_index.HashIndex`, key -> row) stays in DRAM (about 15 bytes a
   key, against ``4 * dim`` bytes of row);
-* every row lives in a file ``<ev_storage_path>/<model>/<version>/<n>.rows`` (float32, row
-  ``r`` at byte ``r * 4 * dim``), read through a read-only ``mmap`` with random-access advice;
+* every row lives in a file ``<ev_storage_path>/<model>/<version>/<n>.rows`` (float32, or
+  float16 with ``embedding_dtype`` float16; row ``r`` at byte ``r * itemsize * dim``), read
+  through a read-only ``mmap`` with random-access advice;
 * a DRAM cache of ``cache_rows`` rows, replaced by CLOCK (second chance): a hit sets the slot's
   reference bit; a miss takes slots whose bit is clear, clearing bits as the hand sweeps.
 
@@ -32,8 +33,9 @@ import numpy as np
 
 from ..errors import ConfigError
 from .dram_store import LocalVersionTables, checked_values, write_meta
-from .rows import LookupStats, RowChunk, TableSpec
+from .rows import LookupStats, Narrowing, RowChunk, TableSpec, to_storage
 from .hash_index import HashIndex
+from .store_metrics import StoreMetrics
 
 
 DEFAULT_DRAM_BYTES = 1 << 30  # DRAM row cache of a version when ev_storage_size is not given
@@ -45,12 +47,13 @@ class TieredTable:
     def __init__(self, spec: TableSpec, path: str, cache_rows: int, capacity: int = 0) -> None:
         self.spec = spec
         self.path = path
-        self.row_bytes = 4 * spec.dim
+        self.row_bytes = spec.storage.itemsize * spec.dim
         self.index = HashIndex(capacity)
         self.default = spec.default_vector()
         self.stats = LookupStats(extra={"cache_hits": 0, "ssd_reads": 0})
+        self.narrowing = Narrowing() if spec.dtype != "float32" else None
         self.cache_rows = max(1, int(cache_rows))
-        self._cache = np.zeros((self.cache_rows, spec.dim), np.float32)
+        self._cache = np.zeros((self.cache_rows, spec.dim), spec.storage)
         self._cache_row = np.full(self.cache_rows, -1, np.int64)  # SSD row held by each slot
         self._ref = np.zeros(self.cache_rows, np.uint8)
         self._hand = 0
@@ -82,7 +85,7 @@ class TieredTable:
         self._map = mmap.mmap(self._fd, rows * self.row_bytes, prot=mmap.PROT_READ)
         if hasattr(self._map, "madvise"):
             self._map.madvise(mmap.MADV_RANDOM)
-        self._rows_view = np.frombuffer(self._map, np.float32).reshape(rows, self.spec.dim)
+        self._rows_view = np.frombuffer(self._map, self.spec.storage).reshape(rows, self.spec.dim)
         self._file_rows = rows
         if len(self._slot_of) < rows:
             grown = np.full(rows, -1, np.int32)
@@ -92,7 +95,7 @@ class TieredTable:
     def _write_rows(self, rows: np.ndarray, values: np.ndarray) -> None:
         """Write rows to the file: contiguous runs with one pwrite each."""
         order = np.argsort(rows, kind="stable")
-        rows, values = rows[order], np.ascontiguousarray(values[order], np.float32)
+        rows, values = rows[order], np.ascontiguousarray(values[order])
         breaks = np.flatnonzero(np.diff(rows) != 1) + 1
         starts = np.concatenate(([0], breaks))
         ends = np.concatenate((breaks, [len(rows)]))
@@ -102,25 +105,31 @@ class TieredTable:
     # --- serving ----------------------------------------------------------------------------
 
     def lookup(self, keys: np.ndarray) -> np.ndarray:
+        """float32 ``[len(keys), dim]``: each key's row, the default vector where absent."""
+        return self.lookup_counted(keys)[0]
+
+    def lookup_counted(self, keys: np.ndarray) -> tuple[np.ndarray, int, int, int]:
+        """(:meth:`lookup`'s rows, default vectors served, DRAM cache hits, SSD reads)."""
         rows = self.index.find(keys)
         present = rows >= 0
         out = np.empty((len(rows), self.spec.dim), np.float32)
         out[~present] = self.default
+        hits = reads = 0
         if present.any():
             uniq, inverse = np.unique(rows[present], return_inverse=True)
             with self._lock:
-                fetched = self._fetch(uniq)
-            out[present] = fetched[inverse]
-        self.stats.lookups += 1
-        self.stats.ids += len(rows)
-        self.stats.default_served += int(len(rows) - np.count_nonzero(present))
-        return out
+                fetched, hits = self._fetch(uniq)
+            reads = len(uniq) - hits
+            out[present] = fetched[inverse]  # float16 rows are widened here
+        defaults = int(len(rows) - np.count_nonzero(present))
+        self.stats.add(len(rows), defaults)
+        return out, defaults, hits, reads
 
-    def _fetch(self, rows: np.ndarray) -> np.ndarray:
-        """Rows (distinct, sorted) from the cache or the file; misses enter the cache."""
+    def _fetch(self, rows: np.ndarray) -> tuple[np.ndarray, int]:
+        """(rows (distinct, sorted) from the cache or the file, cache hits); misses enter the cache."""
         slots = self._slot_of[rows]
         hit = slots >= 0
-        out = np.empty((len(rows), self.spec.dim), np.float32)
+        out = np.empty((len(rows), self.spec.dim), self._cache.dtype)
         if hit.any():
             hs = slots[hit]
             out[hit] = self._cache[hs]
@@ -135,9 +144,10 @@ class TieredTable:
             self._cache_row[victims] = cached
             self._slot_of[cached] = victims
             self._ref[victims] = 0
-        self.stats.extra["cache_hits"] += int(np.count_nonzero(hit))
+        hits = int(np.count_nonzero(hit))
+        self.stats.extra["cache_hits"] += hits
         self.stats.extra["ssd_reads"] += int(miss_rows.size)
-        return out
+        return out, hits
 
     def _victims(self, m: int) -> np.ndarray:
         """``m`` cache slots to reuse, by CLOCK; their old rows leave the cache."""
@@ -167,7 +177,7 @@ class TieredTable:
     def upsert(self, chunk: RowChunk) -> int:
         if len(chunk) == 0:
             return 0
-        values = checked_values(self.spec, chunk)
+        values = to_storage(self.spec, checked_values(self.spec, chunk), self.narrowing)
         rows, new = self.index.upsert(chunk.keys)
         self._grow_file(self.index.size)
         self._write_rows(rows, values)
@@ -211,30 +221,33 @@ class TieredStore:
 
     kind = "dram_ssd"
 
-    def __init__(self, root: str, dram_bytes: int, ssd_bytes: int | None = None) -> None:
+    def __init__(self, root: str, dram_bytes: int, ssd_bytes: int | None = None, dtype: str = "float32") -> None:
         self.root = root
+        self.dtype = dtype  # embedding_dtype: TableSpec.dtype of the versions opened here
         self.dram_bytes = int(dram_bytes)
         self.ssd_bytes = ssd_bytes
+        self.metrics = StoreMetrics(self.kind)
         os.makedirs(root, exist_ok=True)
 
     @classmethod
     def from_config(cls, config, model_name: str) -> TieredStore:
         sizes = config.ev_storage_size or (DEFAULT_DRAM_BYTES,)
         return cls(os.path.join(config.ev_storage_path, _safe(model_name or "default")), sizes[0],
-                   sizes[1] if len(sizes) > 1 else None)
+                   sizes[1] if len(sizes) > 1 else None, config.embedding_dtype)
 
     def open_version(self, version: str, specs: dict[str, TableSpec], source) -> LocalVersionTables:
         directory = os.path.join(self.root, _safe(version))
-        total_bytes = sum(max(s.rows, 1) * 4 * s.dim for s in specs.values())
+        total_bytes = sum(max(s.rows, 1) * s.storage.itemsize * s.dim for s in specs.values())
         if self.ssd_bytes is not None and total_bytes > self.ssd_bytes:
             raise ConfigError(f"ev_storage_size: version {version} needs {total_bytes} bytes of SSD, "
                               f"the limit is {self.ssd_bytes}")
         tables = {}
         for i, (name, spec) in enumerate(sorted(specs.items())):
-            share = self.dram_bytes * (max(spec.rows, 1) * 4 * spec.dim) / max(total_bytes, 1)
-            tables[name] = TieredTable(spec, os.path.join(directory, f"{i}.rows"),
-                                       int(share // (4 * spec.dim)), spec.rows)
-        vt = LocalVersionTables(self.kind, version, specs, tables)
+            row_bytes = spec.storage.itemsize * spec.dim
+            share = self.dram_bytes * (max(spec.rows, 1) * row_bytes) / max(total_bytes, 1)
+            tables[name] = TieredTable(spec, os.path.join(directory, f"{i}.rows"), int(share // row_bytes),
+                                       spec.rows)
+        vt = LocalVersionTables(self.kind, version, specs, tables, self.metrics, tier="dram_cache")
         try:
             vt.load(source)
         except BaseException:
@@ -243,7 +256,8 @@ class TieredStore:
         return vt
 
     def describe(self) -> dict[str, Any]:
-        return {"type": self.kind, "path": self.root, "dram_bytes": self.dram_bytes, "ssd_bytes": self.ssd_bytes}
+        return {"type": self.kind, "path": self.root, "dram_bytes": self.dram_bytes, "ssd_bytes": self.ssd_bytes,
+                "embedding_dtype": self.dtype}
 
     def close(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)

@@ -1,0 +1,154 @@
+// module_store.cc -- nanobind bindings of the embedding stores' native parts (row_store.h):
+//
+//   find_rows(keys_by_row, slots, queries, out)        HashIndex probe (slots int32 or int64)
+//   lookup_rows(keys_by_row, slots, identity_size, values, default, queries, out) -> misses
+//                                                      probe + gather (values float32, or float16
+//                                                      passed as its uint16 bits), one call
+//   RowCache(capacity, dim)                            the hot-row cache (CLOCK), thread-safe
+//
+// The caller (processor/features/native_rows.py) allocates every array; these functions fill
+// them with the GIL released and check only what keeps memory safe (shapes, sizes): the Python
+// wrapper checks the rest. ValueError on a shape that does not fit.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/vector.h>
+
+#include <string>
+#include <vector>
+
+#include "module_store.h"
+#include "row_store.h"
+
+namespace nb = nanobind;
+
+namespace {
+
+template <class T>
+using Vec = nb::ndarray<T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+template <class T>
+using Mat = nb::ndarray<T, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+
+void require(bool ok, const char* what) {
+  if (!ok) throw nb::value_error(what);
+}
+
+template <class Slot>
+void find_rows(Vec<const int64_t> keys_by_row, Vec<const Slot> slots, Vec<const int64_t> queries,
+               Vec<int64_t> out) {
+  require(out.shape(0) == queries.shape(0), "find_rows: out must have one row per query");
+  nb::gil_scoped_release nogil;
+  sp::store::find_rows<Slot>(keys_by_row.data(), static_cast<int64_t>(keys_by_row.shape(0)), slots.data(),
+                             static_cast<int64_t>(slots.shape(0)), queries.data(),
+                             static_cast<int64_t>(queries.shape(0)), out.data());
+}
+
+// The rows of `queries` (-1 absent) into rows[]: identity mode when identity_size >= 0.
+template <class Slot>
+void probe(Vec<const int64_t> keys_by_row, Vec<const Slot> slots, int64_t identity_size, const int64_t* q,
+           int64_t n, int64_t* rows) {
+  if (identity_size >= 0) {
+    sp::store::find_identity(identity_size, q, n, rows);
+  } else {
+    sp::store::find_rows<Slot>(keys_by_row.data(), static_cast<int64_t>(keys_by_row.shape(0)), slots.data(),
+                               static_cast<int64_t>(slots.shape(0)), q, n, rows);
+  }
+}
+
+template <class Slot, class V>
+int64_t lookup_rows(Vec<const int64_t> keys_by_row, Vec<const Slot> slots, int64_t identity_size,
+                    Mat<const V> values, Vec<const float> fallback, Vec<const int64_t> queries,
+                    Mat<float> out) {
+  const int64_t n = static_cast<int64_t>(queries.shape(0));
+  const int64_t dim = static_cast<int64_t>(values.shape(1));
+  require(out.shape(0) == queries.shape(0) && static_cast<int64_t>(out.shape(1)) == dim,
+          "lookup_rows: out must be [len(queries), dim]");
+  require(static_cast<int64_t>(fallback.shape(0)) == dim, "lookup_rows: the default vector must have dim values");
+  const int64_t stored = static_cast<int64_t>(values.shape(0));
+  nb::gil_scoped_release nogil;
+  std::vector<int64_t> rows(static_cast<size_t>(n));
+  probe<Slot>(keys_by_row, slots, identity_size, queries.data(), n, rows.data());
+  return sp::store::gather_rows<V>(values.data(), stored, dim, rows.data(), n, fallback.data(), out.data());
+}
+
+template <class Slot>
+void bind_slot_type(nb::module_& m) {
+  m.def("find_rows", &find_rows<Slot>, nb::arg("keys_by_row"), nb::arg("slots").noconvert(),
+        nb::arg("queries"), nb::arg("out"));
+  m.def("lookup_rows", &lookup_rows<Slot, float>, nb::arg("keys_by_row"), nb::arg("slots").noconvert(),
+        nb::arg("identity_size"), nb::arg("values").noconvert(), nb::arg("default"), nb::arg("queries"),
+        nb::arg("out"));
+  m.def("lookup_rows", &lookup_rows<Slot, uint16_t>, nb::arg("keys_by_row"), nb::arg("slots").noconvert(),
+        nb::arg("identity_size"), nb::arg("values").noconvert(), nb::arg("default"), nb::arg("queries"),
+        nb::arg("out"));
+}
+
+using sp::store::RowCache;
+
+void check_rows(const RowCache& c, const Vec<const int64_t>& keys, size_t rows, size_t dim, const char* what) {
+  require(rows == keys.shape(0) && static_cast<int64_t>(dim) == c.dim(), what);
+}
+
+}  // namespace
+
+namespace sp::py {
+
+void bind_store(nb::module_& m) {
+  bind_slot_type<int32_t>(m);
+  bind_slot_type<int64_t>(m);
+  nb::class_<RowCache>(m, "RowCache")
+      .def("__init__",
+           [](RowCache* self, int64_t capacity, int64_t dim) {
+             require(capacity >= 1 && capacity < (int64_t{1} << 30) && dim >= 1, "RowCache: bad capacity or dim");
+             new (self) RowCache(capacity, dim);
+           },
+           nb::arg("capacity"), nb::arg("dim"))
+      .def("lookup",
+           [](RowCache& c, Vec<const int64_t> keys, Mat<float> out, Vec<int64_t> miss) {
+             check_rows(c, keys, out.shape(0), out.shape(1), "RowCache.lookup: out must be [len(keys), dim]");
+             require(miss.shape(0) >= keys.shape(0), "RowCache.lookup: miss must hold len(keys) positions");
+             nb::gil_scoped_release nogil;
+             return c.lookup(keys.data(), static_cast<int64_t>(keys.shape(0)), out.data(), miss.data());
+           },
+           nb::arg("keys"), nb::arg("out"), nb::arg("miss"),
+           "Rows of the cached keys into out; positions of the others into miss; returns their number.")
+      .def("insert",
+           [](RowCache& c, Vec<const int64_t> keys, Mat<const float> rows) {
+             check_rows(c, keys, rows.shape(0), rows.shape(1), "RowCache.insert: rows must be [len(keys), dim]");
+             nb::gil_scoped_release nogil;
+             c.insert(keys.data(), rows.data(), static_cast<int64_t>(keys.shape(0)));
+           },
+           nb::arg("keys"), nb::arg("rows"))
+      .def("update",
+           [](RowCache& c, Vec<const int64_t> keys, Mat<const float> rows) {
+             check_rows(c, keys, rows.shape(0), rows.shape(1), "RowCache.update: rows must be [len(keys), dim]");
+             nb::gil_scoped_release nogil;
+             return c.update(keys.data(), rows.data(), static_cast<int64_t>(keys.shape(0)));
+           },
+           nb::arg("keys"), nb::arg("rows"))
+      .def("erase",
+           [](RowCache& c, Vec<const int64_t> keys) {
+             nb::gil_scoped_release nogil;
+             return c.erase(keys.data(), static_cast<int64_t>(keys.shape(0)));
+           },
+           nb::arg("keys"))
+      .def("clear", [](RowCache& c) {
+        nb::gil_scoped_release nogil;
+        c.clear();
+      })
+      .def("hot_keys",
+           [](RowCache& c, int64_t max) {
+             std::vector<int64_t> out;
+             {
+               nb::gil_scoped_release nogil;
+               out = c.hot_keys(max);
+             }
+             return out;
+           },
+           nb::arg("max"))
+      .def_prop_ro("capacity", &RowCache::capacity)
+      .def_prop_ro("dim", &RowCache::dim)
+      .def_prop_ro("size", &RowCache::size)
+      .def_prop_ro("evictions", &RowCache::evictions);
+}
+
+}  // namespace sp::py

@@ -1,0 +1,99 @@
+"""HotRowCache: the hot-row cache in front of Redis / Redis Cluster, one per served version.
+
+Recommendation ids are skewed (a few percent of the ids take most lookups), so a small local
+cache of float32 rows answers most ids without a Redis round trip. Per table, a native
+``RowCache`` (``native/src/row_store.cc``):
+
+* **bounded in bytes**: ``redis_cache_bytes`` per version (default 256 MiB; 0 turns the cache
+  off), split over the tables in proportion to their checkpoint bytes, and never more rows than
+  a table has. A row costs ``4 * dim + 18`` bytes (values, key, index, reference bit);
+* **CLOCK eviction** (second chance): a hit only sets a reference bit, under a shared lock, so
+  concurrent lookups never serialize on a list update as an exact LRU's would; a miss evicts
+  the first slot whose bit is clear as the hand sweeps. Under a skewed (Zipf) distribution it
+  keeps what LRU keeps: ids looked up again within one sweep stay;
+* **version-aware** (what :class:`~.redis_store.RedisVersionTables` does with it): a new full
+  version gets a new cache (prefilled with the hottest ids of the last one, read from the new
+  version in Redis); a delta overwrites the cached rows it changes, from the delta file, behind
+  the update gate (no lookup in flight), on every replica, whoever wrote it into Redis. A row
+  of another version is never cached: rows enter only from the version's own Redis keys or
+  its own delta.
+
+Without the native extension there is no cache (model info says so); lookups go to Redis.
+
+Thread-safe.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import native_rows
+from .rows import TableSpec
+
+ROW_OVERHEAD = 18  # bytes per cached row beyond its floats: key 8, two index slots 8, flags 2
+
+
+class HotRowCache:
+    """See the module doc. ``budget``: bytes for all of ``specs``' tables."""
+
+    def __init__(self, specs: dict[str, TableSpec], budget: int) -> None:
+        self.budget = int(budget)
+        self._caches: dict[str, Any] = {}
+        weights = {n: max(s.rows, 1) * 4 * s.dim for n, s in specs.items()}
+        total = max(sum(weights.values()), 1)
+        for name, spec in specs.items():
+            rows = int(self.budget * weights[name] / total) // (4 * spec.dim + ROW_OVERHEAD)
+            rows = min(rows, max(spec.rows, 1), (1 << 30) - 1)
+            if rows > 0:
+                cache = native_rows.row_cache(rows, spec.dim)
+                if cache is None:
+                    break
+                self._caches[name] = cache
+
+    @staticmethod
+    def reason_off(budget: int) -> str | None:
+        """Why a cache of ``budget`` bytes would not run, or None."""
+        if budget <= 0:
+            return "off (redis_cache_bytes is 0)"
+        if not native_rows.AVAILABLE:
+            return "off: processor._native is not built (scripts/build_native.sh)"
+        return None
+
+    def lookup(self, table: str, ids: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Fill ``out[i]`` for the cached ``ids[i]``; return the positions of the others."""
+        cache = self._caches.get(table)
+        if cache is None:
+            return np.arange(len(ids))
+        miss = np.empty(len(ids), np.int64)
+        n = cache.lookup(ids, out, miss)
+        return miss[:n]
+
+    def insert(self, table: str, ids: np.ndarray, rows: np.ndarray) -> None:
+        cache = self._caches.get(table)
+        if cache is not None and len(ids):
+            cache.insert(ids, np.ascontiguousarray(rows, np.float32))
+
+    def update(self, table: str, ids: np.ndarray, rows: np.ndarray) -> int:
+        """Overwrite the cached rows of ``ids`` (the others stay uncached); how many were cached."""
+        cache = self._caches.get(table)
+        if cache is None or not len(ids):
+            return 0
+        return cache.update(np.ascontiguousarray(ids, np.int64), np.ascontiguousarray(rows, np.float32))
+
+    def hot_ids(self, table: str, limit: int) -> np.ndarray:
+        """Up to ``limit`` cached ids of ``table``, those used since the CLOCK hand passed first."""
+        cache = self._caches.get(table)
+        return np.asarray(cache.hot_keys(limit) if cache is not None else [], np.int64)
+
+    def capacity_rows(self, table: str) -> int:
+        cache = self._caches.get(table)
+        return cache.capacity if cache is not None else 0
+
+    def describe(self) -> dict[str, Any]:
+        rows = {n: {"capacity_rows": c.capacity, "cached_rows": c.size, "evictions": c.evictions}
+                for n, c in self._caches.items()}
+        used = sum((4 * c.dim + ROW_OVERHEAD) * c.capacity for c in self._caches.values())
+        return {"policy": "CLOCK (second chance)", "budget_bytes": self.budget, "allocated_bytes": used,
+                "tables": rows}
