@@ -37,6 +37,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .batching.settings import BatchingConfig
+from .echo import shorten  # also imported from here by the engines and the deployment
 from .errors import ConfigError
 from .prediction_log.settings import LoggingConfig
 
@@ -63,19 +64,6 @@ NOT_YET_ACTIVE: dict[str, str] = {
 }
 
 FeatureStoreType = Literal["memory", "local", "redis", "cluster_redis"]
-
-ECHO_LIMIT = 120  # characters of a value echoed in an error message
-
-
-def shorten(value: Any, limit: int = ECHO_LIMIT) -> str:
-    """``repr(value)``, cut to about ``limit`` characters (with the full length said) so that a
-    huge value never comes back whole in an error message or a log line."""
-    text = repr(value)
-    if len(text) <= limit:
-        return text
-    size = f"{len(value)} characters" if isinstance(value, (str, bytes)) else f"{len(text)} characters as text"
-    return f"{text[:limit]}... ({size})"
-
 
 def _default_op_threads() -> int:
     # DeepRec: SCHEDULABLE_CPUS / 2; here the CPUs this process may run on.

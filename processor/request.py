@@ -25,6 +25,7 @@ from typing import Any, NamedTuple, Union
 
 import numpy as np
 
+from .echo import cut, shorten
 from .errors import InvalidArgument, NotFound
 from .signature import Signature
 
@@ -86,16 +87,32 @@ def version_number(version) -> int:
     return max(version.full_step, 0)
 
 
+MAX_VERSION = 2**63 - 1  # versions are int64, as TF Serving's and KServe's protos carry them
+_VERSION_DIGITS = 19  # len(str(MAX_VERSION))
+
+
+def parse_version(text: str) -> int:
+    """The version number a URL or a string field names: 1 to 19 ASCII digits, at most int64's
+    maximum. Anything else (a sign, spaces, Unicode digits such as ``"²"``, 5,000 digits) is
+    InvalidArgument, the text echoed at most 80 characters long. Every edge that reads a version
+    from text calls this, so they all refuse the same strings the same way."""
+    if (not text or len(text) > _VERSION_DIGITS or not text.isascii() or not text.isdigit()
+            or int(text) > MAX_VERSION):
+        raise InvalidArgument(f"Failed to convert version: {shorten(text, 80)} to numeric: a version is a "
+                              f"non-negative 64-bit integer (at most {_VERSION_DIGITS} ASCII digits)")
+    return int(text)
+
+
 def requested_version(name: str, version: int | None, label: str | None,
                       labels: Mapping[str, int]) -> int | None:
     """The version number a call asks for (None: the served one)."""
     if version is not None and label:
-        raise InvalidArgument(f"Both model version ({version}) and model version label ({label}) "
-                              f"cannot be supplied.")
+        raise InvalidArgument(f"Both model version ({version}) and model version label "
+                              f"({cut(label)}) cannot be supplied.")
     if label:
         if label not in labels:
-            raise InvalidArgument(f"Unrecognized servable version label: {label} (model {name!r} "
-                                  f"has labels {sorted(labels)})")
+            raise InvalidArgument(f"Unrecognized servable version label: {cut(label)} (model "
+                                  f"{shorten(name, 80)} has labels {sorted(labels)})")
         return labels[label]
     return version
 
@@ -104,7 +121,7 @@ def check_served(name: str, served, wanted: int | None) -> int:
     """The served version's number; NOT_FOUND when ``wanted`` is another one."""
     number = version_number(served)
     if wanted is not None and wanted != number:
-        raise NotFound(f"Servable not found for request: Specific({name}, {wanted}); "
+        raise NotFound(f"Servable not found for request: Specific({cut(name)}, {wanted}); "
                        f"serving version {number}")
     return number
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from .batching.batcher import Batcher
 from .config import ModelConfig
+from .echo import shorten
 from .errors import NotFound, Unavailable
 from .manager.model_manager import ModelManager
 from .prediction_log import PredictionLogger
@@ -187,7 +188,7 @@ class ModelRegistry:
         """The model; NotFound naming the served ones."""
         model = self._models.get(name)
         if model is None:
-            raise NotFound(f"unknown model {name!r}; serving {sorted(self._models)}")
+            raise NotFound(f"unknown model {shorten(name, 80)}; serving {sorted(self._models)}")
         return model
 
     def __contains__(self, name: object) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from .echo import shorten
 from .dtypes import dtype_name
 from .errors import InvalidArgument
 
@@ -52,7 +53,7 @@ class Signature:
         spec = self._inputs_by_key.get(key)
         if spec is None:
             raise InvalidArgument(
-                f"unknown input {key!r}; signature {self.name!r} takes {sorted(self.inputs)}")
+                f"unknown input {shorten(key, 80)}; signature {self.name!r} takes {sorted(self.inputs)}")
         return spec
 
     def output(self, key: str) -> TensorSpec:
@@ -60,7 +61,7 @@ class Signature:
         spec = self._outputs_by_key.get(key)
         if spec is None:
             raise InvalidArgument(
-                f"unknown output {key!r} in output_filter; signature {self.name!r} "
+                f"unknown output {shorten(key, 80)} in output_filter; signature {self.name!r} "
                 f"has {sorted(self.outputs)}")
         return spec
 

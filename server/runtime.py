@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from processor.echo import cut
 from processor.dataplane import DataPlane
 from processor.deployment import DeploymentConfig
 from processor.errors import as_processor_error, edge_error
@@ -148,8 +149,8 @@ class ServingRuntime:
             label = model if model in self.models else UNKNOWN_MODEL
             version = self.version_label(model)
             self.metrics.observe_request(label, version, protocol, api, code, seconds)
-            if code != "OK":
-                access_log.warning("%s %s %s -> %s: %s", protocol, api, model, code, message,
+            if code != "OK":  # a client's model name cut as error messages cut it
+                access_log.warning("%s %s %s -> %s: %s", protocol, api, cut(model), code, message,
                                    extra=_fields(label, version, protocol, api, code, seconds))
             elif self.access_log:
                 access_log.info("%s %s %s -> OK", protocol, api, model,

@@ -43,7 +43,7 @@ from .. import tfserving
 from ..deadline import from_grpc
 from ..logs import new_request_id, request_id_var
 from ..runtime import ServingRuntime
-from . import tensor_proto, v2
+from . import parse, tensor_proto, v2
 
 log = logging.getLogger("server.grpc")
 
@@ -51,12 +51,16 @@ PROCESSOR_SERVICE = "tensorflow.eas.ProcessorService"
 PREDICTION_SERVICE = "tensorflow.serving.PredictionService"
 MODEL_SERVICE = "tensorflow.serving.ModelService"
 MODEL_NAME_KEYS = ("model-name", "x-model-name")
+MAX_MESSAGE = 4096  # characters of an error message sent (a client's metadata limit is 8-16 KiB)
 
 
 def abort(context: grpc.ServicerContext, exc: BaseException) -> None:
     """The one mapping of an error to gRPC: STATUS_TABLE's status name and the message."""
     err = edge_error(exc, "grpc", log)
-    context.abort(grpc.StatusCode[err.edge.grpc], err.message)
+    message = err.message  # it travels in the trailing metadata: never past a client's limit
+    if len(message) > MAX_MESSAGE:
+        message = f"{message[:MAX_MESSAGE]}... ({len(message)} characters)"
+    context.abort(grpc.StatusCode[err.edge.grpc], message)
 
 
 def _metadata(context: grpc.ServicerContext, keys: tuple[str, ...]) -> str | None:
@@ -192,18 +196,16 @@ def _generic_handlers(rt: ServingRuntime) -> list[grpc.GenericRpcHandler]:
         log.warning("TF Serving gRPC API disabled: %s (install tensorflow-serving-api with "
                     "--no-deps, as scripts/setup.sh does)", exc)
         return handlers
+    # requests parsed in the handler: bytes that are not the message are INVALID_ARGUMENT
     handlers.append(grpc.method_handlers_generic_handler(PREDICTION_SERVICE, {
-        "Predict": grpc.unary_unary_rpc_method_handler(
-            h.tfs_predict, request_deserializer=predict_pb2.PredictRequest.FromString,
-            response_serializer=predict_pb2.PredictResponse.SerializeToString),
-        "GetModelMetadata": grpc.unary_unary_rpc_method_handler(
-            h.tfs_metadata, request_deserializer=get_model_metadata_pb2.GetModelMetadataRequest.FromString,
-            response_serializer=get_model_metadata_pb2.GetModelMetadataResponse.SerializeToString),
+        "Predict": parse.unary(h.tfs_predict, predict_pb2.PredictRequest, predict_pb2.PredictResponse,
+                               h._call, "tfs_predict"),
+        "GetModelMetadata": parse.unary(h.tfs_metadata, get_model_metadata_pb2.GetModelMetadataRequest,
+                                        get_model_metadata_pb2.GetModelMetadataResponse, h._call, "tfs_metadata"),
     }))
     handlers.append(grpc.method_handlers_generic_handler(MODEL_SERVICE, {
-        "GetModelStatus": grpc.unary_unary_rpc_method_handler(
-            h.tfs_status, request_deserializer=get_model_status_pb2.GetModelStatusRequest.FromString,
-            response_serializer=get_model_status_pb2.GetModelStatusResponse.SerializeToString),
+        "GetModelStatus": parse.unary(h.tfs_status, get_model_status_pb2.GetModelStatusRequest,
+                                      get_model_status_pb2.GetModelStatusResponse, h._call, "tfs_status"),
     }))
     return handlers
 

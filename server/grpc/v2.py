@@ -3,8 +3,11 @@
 ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata and ModelInfer, as
 tritonclient and KServe's SDK call them (``protos/grpc_predict_v2.proto``). Inputs come as
 ``raw_input_contents`` or typed ``contents``; outputs go back as ``raw_output_contents``
-(Triton's choice; FP16 has no typed field). The protocol is :mod:`server.open_inference`; each
-call runs inside the handlers' ``_call`` (request id, drain gate, metrics, error mapping).
+(Triton's choice; FP16 and BF16 have no typed field). The protocol is
+:mod:`server.open_inference`; each call runs inside the handlers' ``_call`` (request id, drain
+gate, metrics, error mapping). Requests arrive as bytes and are parsed inside the handler, so
+bytes that are not the method's message are INVALID_ARGUMENT, answered and counted like any bad
+request (grpcio's own deserializer would answer INTERNAL and log a traceback).
 """
 
 from __future__ import annotations
@@ -12,12 +15,14 @@ from __future__ import annotations
 from typing import Any
 
 import grpc
+import numpy as np
 
 from processor.errors import InvalidArgument
 from processor.proto import grpc_predict_v2_pb2 as pb
 
 from .. import open_inference as oip
 from ..deadline import from_grpc
+from . import parse
 
 SERVICE = "inference.GRPCInferenceService"
 
@@ -26,6 +31,9 @@ _CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_cont
              "INT32": "int_contents", "INT64": "int64_contents", "UINT8": "uint_contents",
              "UINT16": "uint_contents", "UINT32": "uint_contents", "UINT64": "uint64_contents",
              "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents"}
+_FIELD_TYPES = {"bool_contents": np.bool_, "int_contents": np.int32, "int64_contents": np.int64,
+                "uint_contents": np.uint32, "uint64_contents": np.uint64, "fp32_contents": np.float32,
+                "fp64_contents": np.float64, "bytes_contents": object}
 
 
 class V2Service:
@@ -42,8 +50,10 @@ class V2Service:
         return pb.ServerReadyResponse(ready=self.rt.ready)
 
     def model_ready(self, request, context) -> pb.ModelReadyResponse:
+        # a version that is not served is ready=false here (tritonclient's is_model_ready reads
+        # the flag); an unknown model is NOT_FOUND
         return self.h._call("v2_model_ready", request.name, context, lambda: pb.ModelReadyResponse(
-            ready=oip.model_ready(self.rt, request.name, request.version or None)))
+            ready=oip.model_ready(self.rt, request.name, request.version or None, unserved_version=False)))
 
     def server_metadata(self, request, context) -> pb.ServerMetadataResponse:
         return pb.ServerMetadataResponse(**oip.server_metadata())
@@ -79,30 +89,46 @@ def _inputs(request) -> list[oip.InferInput]:
         shape = tuple(tensor.shape)
         if raw:
             if tensor.HasField("contents"):
-                raise InvalidArgument(f"input {tensor.name!r}: contents and raw_input_contents both given")
+                raise InvalidArgument(f"input {oip.echo(tensor.name)}: contents and raw_input_contents both given")
             out.append(oip.InferInput(tensor.name, tensor.datatype, shape, raw=raw[i]))
             continue
         field = _CONTENTS.get(tensor.datatype)
         if field is None:
-            hint = " (FP16 travels in raw_input_contents only)" if tensor.datatype == "FP16" else ""
-            raise InvalidArgument(f"input {tensor.name!r}: datatype {tensor.datatype[:64]!r} has no typed "
-                                  f"contents{hint}")
-        out.append(oip.InferInput(tensor.name, tensor.datatype, shape, data=list(getattr(tensor.contents, field))))
+            hint = " (FP16 and BF16 travel in raw_input_contents only)" if tensor.datatype in ("FP16", "BF16") else ""
+            raise InvalidArgument(f"input {oip.echo(tensor.name)}: datatype {oip.echo(tensor.datatype)} has "
+                                  f"no typed contents{hint}")
+        values = getattr(tensor.contents, field)
+        count = oip.element_count(tensor.name, shape)
+        if len(values) != count:  # before converting anything
+            raise InvalidArgument(f"input {oip.echo(tensor.name)}: {len(values)} elements in "
+                                  f"contents.{field} for a shape of {count}")
+        out.append(oip.InferInput(tensor.name, tensor.datatype, shape, data=_typed(values, field)))
     return out
+
+
+def _typed(values, field: str) -> np.ndarray:
+    """A repeated field as a numpy array of its own type (one pass, no Python list)."""
+    kind = _FIELD_TYPES[field]
+    if kind is object:
+        out = np.empty(len(values), object)
+        out[:] = values
+        return out
+    return np.fromiter(values, kind, count=len(values))
 
 
 def generic_handler(handlers) -> grpc.GenericRpcHandler:
     service = V2Service(handlers)
 
-    def unary(fn: Any, request_type: Any, response_type: Any) -> grpc.RpcMethodHandler:
-        return grpc.unary_unary_rpc_method_handler(fn, request_deserializer=request_type.FromString,
-                                                   response_serializer=response_type.SerializeToString)
+    def unary(fn: Any, request_type: Any, response_type: Any, api: str) -> grpc.RpcMethodHandler:
+        return parse.unary(fn, request_type, response_type, handlers._call, api)
 
     return grpc.method_handlers_generic_handler(SERVICE, {
-        "ServerLive": unary(service.server_live, pb.ServerLiveRequest, pb.ServerLiveResponse),
-        "ServerReady": unary(service.server_ready, pb.ServerReadyRequest, pb.ServerReadyResponse),
-        "ModelReady": unary(service.model_ready, pb.ModelReadyRequest, pb.ModelReadyResponse),
-        "ServerMetadata": unary(service.server_metadata, pb.ServerMetadataRequest, pb.ServerMetadataResponse),
-        "ModelMetadata": unary(service.model_metadata, pb.ModelMetadataRequest, pb.ModelMetadataResponse),
-        "ModelInfer": unary(service.model_infer, pb.ModelInferRequest, pb.ModelInferResponse),
+        "ServerLive": unary(service.server_live, pb.ServerLiveRequest, pb.ServerLiveResponse, "v2_live"),
+        "ServerReady": unary(service.server_ready, pb.ServerReadyRequest, pb.ServerReadyResponse, "v2_ready"),
+        "ModelReady": unary(service.model_ready, pb.ModelReadyRequest, pb.ModelReadyResponse, "v2_model_ready"),
+        "ServerMetadata": unary(service.server_metadata, pb.ServerMetadataRequest, pb.ServerMetadataResponse,
+                                "v2_server_metadata"),
+        "ModelMetadata": unary(service.model_metadata, pb.ModelMetadataRequest, pb.ModelMetadataResponse,
+                               "v2_metadata"),
+        "ModelInfer": unary(service.model_infer, pb.ModelInferRequest, pb.ModelInferResponse, "v2_infer"),
     })

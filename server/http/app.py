@@ -42,6 +42,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from processor.errors import InvalidArgument, ProcessorError
+from processor.request import parse_version
 
 from .. import tfserving
 from ..logs import new_request_id, request_id_var
@@ -52,8 +53,8 @@ from .predict import EAS_PREFIX, PREDICT_PATH, PROTOBUF, PredictRoutes, as_respo
 
 log = logging.getLogger("server.http")
 
-_STATUS_PATH = re.compile(
-    r"^/v1/models(?:/([^/:]+))?(?:/versions/(\d+)|/labels/([^/:]+))?(?:/(metadata))?$", re.I)
+_STATUS_PATH = re.compile(  # ASCII digits (\d takes "²"); parse_version refuses over int64
+    r"^/v1/models(?:/([^/:]+))?(?:/versions/([0-9]+)|/labels/([^/:]+))?(?:/(metadata))?$", re.I)
 _V1_PREFIX = re.compile(r"^/v1/models", re.I)
 
 
@@ -192,12 +193,13 @@ def create_http_app(rt: ServingRuntime) -> Any:
             if m is not None:
                 return error_response(InvalidArgument("Missing model name in request."))
             return error_response(InvalidArgument(f"Malformed request: GET {request.url.path}"))
-        name, version, label, metadata = m.group(1), _int(m.group(2)), m.group(3), m.group(4)
+        name, version, label, metadata = m.group(1), m.group(2), m.group(3), m.group(4)
 
         async def work() -> Response:
+            wanted = None if version is None else parse_version(version)
             if metadata:
-                return JSONResponse(tfs_metadata(rt, name, version, label))
-            return JSONResponse(tfs_status(rt, name, version, label))
+                return JSONResponse(tfs_metadata(rt, name, wanted, label))
+            return JSONResponse(tfs_status(rt, name, wanted, label))
         return await serve(name, "tfs_metadata" if metadata else "tfs_status", work)
 
     # --- probes and metrics ------------------------------------------------------------------
@@ -233,7 +235,7 @@ def create_http_app(rt: ServingRuntime) -> Any:
             body["error"] = served.last_error or f"model {model!r} is {served.state}"
         return JSONResponse(body, status_code=200 if ok else 503)
 
-    v2.register(app, rt, PREDICT_ERRORS)  # the Open Inference Protocol (KServe v2)
+    v2.register(app, rt, PREDICT_ERRORS, predict)  # the Open Inference Protocol (KServe v2)
 
     @app.get("/metrics", tags=["metrics"], summary="Prometheus metrics")
     @app.get("/monitoring/prometheus/metrics", tags=["metrics"], summary="Prometheus metrics (TF Serving path)")
@@ -366,10 +368,6 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
 
 
 # --- TF Serving handlers (run on the model's thread pool) -------------------------------------
-
-def _int(text: str | None) -> int | None:
-    return int(text) if text is not None else None
-
 
 def tfs_status(rt: ServingRuntime, name: str, version: int | None, label: str | None) -> dict:
     statuses = tfserving.served_model_status(rt.model(name), version, label)

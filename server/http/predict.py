@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from processor.errors import InvalidArgument, Unavailable, edge_error
-from processor.request import PredictCall
+from processor.request import PredictCall, parse_version
 from processor.signature import Signature
 
 from ..deadline import from_http_headers
@@ -33,8 +33,8 @@ T = TypeVar("T")
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 EAS_PREFIX = "/api/predict/"
-PREDICT_PATH = re.compile(
-    r"^/v1/models/([^/:]+)(?:/versions/(\d+)|/labels/([^/:]+))?:(classify|regress|predict)$", re.I)
+PREDICT_PATH = re.compile(  # ASCII digits (\d takes "²"); parse_version refuses over int64
+    r"^/v1/models/([^/:]+)(?:/versions/([0-9]+)|/labels/([^/:]+))?:(classify|regress|predict)$", re.I)
 
 
 @dataclass(frozen=True)
@@ -120,9 +120,9 @@ class PredictRoutes:
 
         async def work() -> Reply:
             deadline = from_http_headers(headers)
+            wanted = None if version is None else parse_version(version)
             with self.json_budget.hold() as hold:
                 body = await read_body(receive, headers, self.json_limit, hold, self.json_setting)
-                wanted = None if version is None else int(version)
                 return Reply(200, await self.rt.run(name, tfs_predict, self.rt, name, wanted, label, method,
                                                     body, deadline, self.json_limits, hold))
         return await tracked(self.rt, name, f"tfs_{method}", work, error_reply)

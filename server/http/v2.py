@@ -9,30 +9,60 @@ health routes (``/v2/health/live|ready``, ``/v2/models/{m}/ready``) are the serv
 binary when asked for with ``parameters.binary_data`` per output or ``binary_data_output`` for
 the request). Errors are ``{"error": message}`` with STATUS_TABLE's status. The protocol itself
 is :mod:`server.open_inference`; inference runs on the model's thread pool.
+
+Request bodies: held against the decode memory budget shared with TF Serving's JSON
+(``json_decode_memory_bytes``: 503 + Retry-After while others hold it, 413 if one alone is over
+it); JSON-only bodies are limited by ``json_max_request_bytes`` when set (binary ones by
+``max_request_bytes``), and a tensor's JSON data by ``json_max_elements``; large JSON is decoded
+a run at a time (:mod:`server.http.v2_json`). ``Content-Encoding: gzip`` or ``deflate`` (what
+tritonclient's ``request_compression_algorithm`` sends) is inflated with its output counted
+against the same body limit (a bomb is a 413); another encoding is a 400 naming it. Versions in
+the path are 1 to 19 ASCII digits (else 400); a version that is not the served one is 404 on
+every route, readiness included. JSON responses never carry NaN / Infinity (see
+:func:`server.open_inference.json_data`).
 """
 
 from __future__ import annotations
 
 import json
+import zlib
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from processor.errors import InvalidArgument
+from processor.errors import InvalidArgument, PayloadTooLarge
 
 from .. import open_inference as oip
 from ..deadline import from_http_headers
 from ..runtime import ServingRuntime
+from . import v2_json
 from .body import read_body
-from .predict import Reply, as_response, error_reply, tracked
+from .memory_budget import Hold, trim_heap
+from .predict import PredictRoutes, Reply, as_response, error_reply, tracked
+from .tfs_json import DEFAULT_MAX_ELEMENTS, SMALL_BODY
 
 HEADER_LENGTH = "inference-header-content-length"
 _MAX_ECHO = 64
+_ENCODINGS = {"gzip": 31, "x-gzip": 31, "deflate": 15}  # zlib wbits: gzip header, zlib header
+_INFLATE_STEP = 1 << 20  # bytes inflated at a time, each counted against the limit
 
 
-def register(app, rt: ServingRuntime, errors: dict) -> None:
-    """Add the v2 routes to ``app``; ``errors``: the OpenAPI error responses of model routes."""
+@dataclass(frozen=True)
+class BodyLimits:
+    """How much one infer body may take: ``limit`` bytes (``setting`` names it), inflated too;
+    ``max_elements`` per tensor of JSON data; ``hold``: its share of the decode memory budget."""
+
+    limit: int
+    setting: str = "max_request_bytes"
+    max_elements: int = DEFAULT_MAX_ELEMENTS
+    hold: Hold | None = None
+
+
+def register(app, rt: ServingRuntime, errors: dict, routes: PredictRoutes) -> None:
+    """Add the v2 routes to ``app``; ``errors``: the OpenAPI error responses of model routes;
+    ``routes``: the predict routes, whose body limits and decode memory budget v2 shares."""
 
     @app.get("/v2", tags=["kserve-v2"], summary="Server metadata (Open Inference Protocol)")
     async def v2_server() -> dict:
@@ -50,7 +80,7 @@ def register(app, rt: ServingRuntime, errors: dict) -> None:
     @app.get("/v2/models/{model}/versions/{version}/ready", tags=["kserve-v2"],
              summary="One model version's readiness", responses=errors)
     async def v2_version_ready(model: str, version: str) -> Response:
-        try:
+        try:  # a version that is not served: 404, as metadata and infer answer
             ok = oip.model_ready(rt, model, version)
         except Exception as exc:
             return _error(exc)
@@ -64,9 +94,15 @@ def register(app, rt: ServingRuntime, errors: dict) -> None:
 
         async def work() -> Reply:
             deadline = from_http_headers(headers)
-            body = await read_body(request.receive, headers, rt.deployment.max_request_bytes)
             header_length = request.headers.get(HEADER_LENGTH)
-            return await rt.run(model, infer_http, rt, model, version, bytes(body), header_length, deadline)
+            encoding = _encoding(request.headers.get("content-encoding"))
+            limit, setting = ((routes.json_limit, routes.json_setting) if header_length is None
+                              else (routes.limit, "max_request_bytes"))
+            with routes.json_budget.hold() as hold:
+                body = await read_body(request.receive, headers, limit, hold, setting)
+                limits = BodyLimits(limit, setting, routes.json_limits.max_elements, hold)
+                return await rt.run(model, infer_http, rt, model, version, body, header_length, deadline,
+                                    limits, encoding)
         return as_response(await tracked(rt, model, "v2_infer", work, error_reply))
 
 
@@ -74,14 +110,68 @@ def _error(exc: BaseException) -> Response:
     return as_response(error_reply(exc))
 
 
-def infer_http(rt: ServingRuntime, model: str, version: str | None, body: bytes, header_length: str | None,
-               deadline: float | None) -> Reply:
-    """One v2 infer request (on the model's thread pool): body in, reply out."""
+def _encoding(value: str | None) -> int | None:
+    """The zlib ``wbits`` of a Content-Encoding (None: identity); InvalidArgument naming another."""
+    name = (value or "identity").strip().lower()
+    if name == "identity":
+        return None
+    if name not in _ENCODINGS:
+        raise InvalidArgument(f"Content-Encoding {oip.echo(value)} is not supported; send the body "
+                              f"as it is, or gzip or deflate")
+    return _ENCODINGS[name]
+
+
+def inflate(body: bytes | bytearray, wbits: int, limits: BodyLimits) -> bytearray:
+    """A gzip / deflate body, inflated a step at a time: PayloadTooLarge as soon as it grows over
+    ``limits.limit`` (the memory budget held for its size as it grows); InvalidArgument when it
+    is not such data."""
+    inflater = zlib.decompressobj(wbits)
+    out = bytearray()
+    data: bytes | bytearray | memoryview = body
+    try:
+        while data:
+            out += inflater.decompress(data, _INFLATE_STEP)
+            if len(out) > limits.limit:
+                raise PayloadTooLarge(f"the request body inflates to more than {limits.limit} bytes "
+                                      f"({limits.setting})")
+            if limits.hold is not None:
+                limits.hold.need(len(out))
+            data = inflater.unconsumed_tail
+        out += inflater.flush()
+    except zlib.error as exc:
+        raise InvalidArgument(f"the request body is not valid {'gzip' if wbits > 15 else 'deflate'} data: "
+                              f"{oip.echo(str(exc))}") from None
+    if not inflater.eof or inflater.unused_data:
+        raise InvalidArgument("the compressed request body is truncated or has bytes after its end")
+    if len(out) > limits.limit:
+        raise PayloadTooLarge(f"the request body inflates to more than {limits.limit} bytes ({limits.setting})")
+    return out
+
+
+def infer_http(rt: ServingRuntime, model: str, version: str | None, body: bytes | bytearray,
+               header_length: str | None, deadline: float | None, limits: BodyLimits | None = None,
+               encoding: int | None = None) -> Reply:
+    """One v2 infer request (on the model's thread pool): body in, reply out. ``encoding``: the
+    zlib ``wbits`` of a compressed body (:func:`_encoding`)."""
+    limits = limits or BodyLimits(rt.deployment.max_request_bytes)
+    size = len(body)
+    try:
+        if encoding is not None:
+            body = inflate(body, encoding, limits)
+        return _infer(rt, model, version, body, header_length, deadline, limits)
+    finally:
+        if max(size, len(body)) > SMALL_BODY:
+            trim_heap()  # hand the freed decode memory back to the OS
+
+
+def _infer(rt: ServingRuntime, model: str, version: str | None, body: bytes | bytearray,
+           header_length: str | None, deadline: float | None, limits: BodyLimits) -> Reply:
     doc, binary = _split_body(body, header_length)
     inputs = _inputs(doc, binary)
     wanted, binary_out = _outputs(doc)
+    charge = limits.hold.charge if limits.hold is not None else None
     number, outputs = oip.infer(rt, model, version, inputs, [name for name, _ in wanted] if wanted else None,
-                                deadline)
+                                deadline, limits.max_elements, charge)
     out_json, blobs = [], []
     for name, array in outputs.items():
         tensor = {"name": name, "datatype": oip.datatype_of(array), "shape": list(array.shape)}
@@ -90,21 +180,22 @@ def infer_http(rt: ServingRuntime, model: str, version: str | None, body: bytes,
             tensor["parameters"] = {"binary_data_size": len(raw)}
             blobs.append(raw)
         else:
-            tensor["data"] = oip.json_data(array)
+            tensor["data"] = oip.json_data(name, array)
         out_json.append(tensor)
     response: dict[str, Any] = {"model_name": model, "model_version": number, "outputs": out_json}
     if isinstance(doc.get("id"), str):
         response["id"] = doc["id"]
-    header = json.dumps(response, allow_nan=True).encode()
+    header = json.dumps(response, allow_nan=False).encode()
     if not blobs:
         return Reply(200, header)
     return Reply(200, header + b"".join(blobs), "application/octet-stream",
                  ((HEADER_LENGTH.encode(), str(len(header)).encode()),))
 
 
-def _split_body(body: bytes, header_length: str | None) -> tuple[dict, bytes]:
+def _split_body(body: bytes | bytearray, header_length: str | None) -> tuple[dict, memoryview]:
+    view = memoryview(body)
     if header_length is None:
-        json_part, binary = body, b""
+        json_part, binary = view, view[len(view):]
     else:
         try:
             n = int(header_length)
@@ -113,17 +204,11 @@ def _split_body(body: bytes, header_length: str | None) -> tuple[dict, bytes]:
         if not 0 <= n <= len(body):
             raise InvalidArgument(f"Inference-Header-Content-Length: expected a length within the body "
                                   f"({len(body)} bytes), got {header_length[:_MAX_ECHO]!r}")
-        json_part, binary = body[:n], body[n:]
-    try:
-        doc = json.loads(json_part)
-    except (ValueError, RecursionError) as exc:
-        raise InvalidArgument(f"the request is not valid JSON: {str(exc)[:200]}") from None
-    if not isinstance(doc, dict):
-        raise InvalidArgument("the request must be a JSON object with 'inputs'")
-    return doc, binary
+        json_part, binary = view[:n], view[n:]
+    return v2_json.parse(json_part), binary
 
 
-def _inputs(doc: dict, binary: bytes) -> list[oip.InferInput]:
+def _inputs(doc: dict, binary: memoryview) -> list[oip.InferInput]:
     items = doc.get("inputs")
     if not isinstance(items, list) or not items:
         raise InvalidArgument("'inputs' must be a non-empty array of tensors")
@@ -138,8 +223,8 @@ def _inputs(doc: dict, binary: bytes) -> list[oip.InferInput]:
         size = params.get("binary_data_size") if isinstance(params, dict) else None
         if size is not None:
             if not isinstance(size, int) or isinstance(size, bool) or size < 0 or at + size > len(binary):
-                raise InvalidArgument(f"input {name!r}: binary_data_size {size!r} does not fit the "
-                                      f"{len(binary) - at} binary bytes left")
+                raise InvalidArgument(f"input {oip.echo(name)}: binary_data_size {oip.echo(size)} does not "
+                                      f"fit the {len(binary) - at} binary bytes left")
             out.append(oip.InferInput(name, datatype, tuple(shape), raw=binary[at:at + size]))
             at += size
         else:

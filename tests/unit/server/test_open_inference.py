@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -18,6 +19,7 @@ from server import open_inference as oip
     ("INT64", np.array([2**40, -1], np.int64)), ("UINT32", np.array([7], np.uint32)),
     ("UINT64", np.array([2**63], np.uint64)), ("FP16", np.array([0.5, -2], np.float16)),
     ("FP32", np.array([[1.5, 2]], np.float32)), ("FP64", np.array([1e300], np.float64)),
+    ("BF16", np.array([1.5, -2, 3e38], ml_dtypes.bfloat16)),
     ("BYTES", np.array([b"a", b"", "\u00e9".encode()], object)),
 ])
 def test_raw_contents_round_trip_every_datatype(datatype, array):
@@ -31,9 +33,9 @@ def test_json_data_nested_or_flat_and_back():
     nested = oip.to_array(oip.InferInput("t", "FP32", (2, 2), data=[[1, 2], [3, 4.5]]))
     flat = oip.to_array(oip.InferInput("t", "FP32", (2, 2), data=[1, 2, 3, 4.5]))
     assert nested.tolist() == flat.tolist() == [[1, 2], [3, 4.5]] and nested.dtype == np.float32
-    assert oip.json_data(nested) == [1, 2, 3, 4.5]
+    assert oip.json_data("t", nested) == [1, 2, 3, 4.5]
     strings = oip.to_array(oip.InferInput("s", "BYTES", (2,), data=["caf\u00e9", "x"]))
-    assert strings.tolist() == ["caf\u00e9".encode(), b"x"] and oip.json_data(strings) == ["caf\u00e9", "x"]
+    assert strings.tolist() == ["caf\u00e9".encode(), b"x"] and oip.json_data("s", strings) == ["caf\u00e9", "x"]
     deep = [1.0]
     for _ in range(5000):  # no recursion
         deep = [deep]
@@ -56,6 +58,13 @@ def test_json_data_nested_or_flat_and_back():
     (oip.InferInput("t", "BYTES", (1,), raw=b"\1\0"), "length prefix"),
     (oip.InferInput("t", "BYTES", (1,), raw=struct.pack("<I", 9) + b"ab"), "runs past"),
     (oip.InferInput("t", "BYTES", (2,), raw=struct.pack("<I", 1) + b"a"), "1 BYTES elements for a shape of 2"),
+    (oip.InferInput("t", "BYTES", (1,), raw=struct.pack("<I", 0) * 3), "more BYTES elements than the shape's 1"),
+    (oip.InferInput("t", "BOOL", (2,), raw=b"\1\2"), "bytes 0 (false) or 1 (true)"),
+    (oip.InferInput("t", "FP32", (0, 4611686018427387904), raw=b""), "too large"),
+    (oip.InferInput("t", "FP32", (0, 10**30), raw=b""), "64-bit"),
+    (oip.InferInput("t", "FP32", (0,) * 65, raw=b""), "at most 32"),
+    (oip.InferInput("t", "FP32", (1,), data=[1e39]), "within"),
+    (oip.InferInput("t", "BF16", (1,), data=[1e39]), "within"),
 ])
 def test_tensors_that_do_not_fit_are_refused_naming_the_tensor(tensor, words):
     with pytest.raises(InvalidArgument) as info:
@@ -67,3 +76,32 @@ def test_echoed_values_are_short():
     with pytest.raises(InvalidArgument) as info:
         oip.to_array(oip.InferInput("t", "X" * 100_000, (1,), data=[1]))
     assert len(str(info.value)) < 400
+
+
+def test_bf16_json_goes_through_float32_and_bool_outputs_are_0_or_1():
+    back = oip.to_array(oip.InferInput("t", "BF16", (2,), data=[1.5, -0.25]))
+    assert back.dtype == ml_dtypes.bfloat16 and back.astype(np.float32).tolist() == [1.5, -0.25]
+    assert oip.json_data("t", back) == [1.5, -0.25]
+    odd = np.frombuffer(b"\0\3", np.uint8).view(np.bool_)
+    assert oip.raw_bytes(odd) == b"\0\1"
+
+
+@pytest.mark.parametrize("array, words", [
+    (np.array([1.0, np.nan], np.float32), "NaN or Infinity"),
+    (np.array([np.inf], np.float16), "NaN or Infinity"),
+    (np.array([b"\xff"], object), "not UTF-8"),
+])
+def test_json_outputs_refuse_what_json_cannot_carry(array, words):
+    with pytest.raises(InvalidArgument) as info:
+        oip.json_data("out", array)
+    assert words in str(info.value) and "binary_data_output" in str(info.value)
+
+
+def test_numbers_out_of_range_print_no_warning():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(InvalidArgument):
+            oip.to_array(oip.InferInput("t", "FP16", (1,), data=[1e300]))
+        assert np.isnan(oip.to_array(oip.InferInput("t", "FP32", (1,), data=[float("nan")]))[0])
