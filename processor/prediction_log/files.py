@@ -35,7 +35,7 @@ class LogFiles:
         self.extension = extension
         self.max_bytes = max_bytes
         self.max_age = max_age
-        self._on_closed = on_closed
+        self.on_closed = on_closed
         self._file = None
         self._name = ""
         self._opened = 0.0
@@ -127,8 +127,8 @@ class LogFiles:
         final = self._path(self._name)
         os.replace(final + ".tmp", final)
         self.files_closed += 1
-        if self._on_closed is not None:
-            self._on_closed(final)
+        if self.on_closed is not None:
+            self.on_closed(final)
 
     def _path(self, name: str) -> str:
         return os.path.join(self.directory, name)
