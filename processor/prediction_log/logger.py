@@ -65,6 +65,7 @@ class PredictionLogger:
         self._wake = threading.Event()
         self._flushed = threading.Condition()
         self._flush_asked = 0
+        self._close_asked = 0  # the last flush that also closes the current file
         self._flush_done = 0
         self._closing = False
         self.stats: dict[str, Any] = {"written": 0, "dropped_queue_full": 0, "dropped_closed": 0,
@@ -133,12 +134,14 @@ class PredictionLogger:
             stats.update(files_uploaded=self._uploader.uploaded, uploads_pending=len(self._uploader.pending))
         return stats
 
-    def flush(self, timeout: float = 30.0) -> bool:
-        """Write every record queued now and close the current file (uploading it when ``path``
-        is a URL); False if that did not happen within ``timeout`` seconds."""
+    def flush(self, timeout: float = 30.0, close_file: bool = True) -> bool:
+        """Write every record queued now and (``close_file``) close the current file, uploading
+        it when ``path`` is a URL; False if that did not happen within ``timeout`` seconds."""
         with self._flushed:
             self._flush_asked += 1
             wanted = self._flush_asked
+            if close_file:
+                self._close_asked = wanted
             self._wake.set()
             return self._flushed.wait_for(
                 lambda: self._flush_done >= wanted or not self._thread.is_alive(), timeout)
@@ -156,10 +159,10 @@ class PredictionLogger:
     def _run(self) -> None:
         while True:
             closing = self._closing
-            flush = self._flush_asked
+            flush, close = self._flush_asked, self._close_asked
             self._write_queued()
             due = self._files.due_in(time.monotonic())
-            if closing or flush > self._flush_done or (due is not None and due <= 0):
+            if closing or close > self._flush_done or (due is not None and due <= 0):
                 self._sink(self._files.rotate)
             if self._uploader is not None and self._uploader.pending:
                 self._sink(self._uploader.upload, "upload_errors")
