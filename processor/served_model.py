@@ -126,6 +126,12 @@ class ServedModel:
         source = version.savedmodel_dir if version.is_version_dir else version.full_prefix
         return redact_url(self.manager.store.url(source)) if source else ""
 
+    def feature_store_metrics(self) -> dict[str, Any] | None:
+        """The feature store's counters (:meth:`processor.features.store_metrics.StoreMetrics.snapshot`),
+        or None when the tables are TensorFlow variables."""
+        metrics = getattr(getattr(self.manager, "features", None), "metrics", None)
+        return metrics.snapshot() if metrics is not None else None
+
     def batching_info(self) -> dict[str, Any] | None:
         """The batching settings and counters (both queues), or None without batching."""
         if self.batcher is None:

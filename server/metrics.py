@@ -8,8 +8,11 @@ served version, full loads / deltas / failed updates (the watcher's included) an
 the last update of each kind. Batching (models with ``batching``), read at scrape time: merged
 batch sizes and queue waits (histograms), queue depth, and refused / expired / isolated requests.
 Model updates the server triggers (start, admin reload / rollback /
-pin): duration histogram and failure count. Feature store lookups: a latency histogram filled
-through :meth:`ServerMetrics.observe_feature_store`. Prediction logging (models with
+pin): duration histogram and failure count. Feature stores, read at scrape time from
+:meth:`~processor.served_model.ServedModel.feature_store_metrics` (filled on the request path by
+the store, see :mod:`processor.features.store_metrics`): lookup latency (histogram, per model and
+store), per table the ids looked up, default vectors served and the hits / misses of each cache
+tier, Redis connection errors and reconnects. Prediction logging (models with
 ``logging_config``), read at scrape time: records written / dropped (queue full) / failed,
 write and upload errors, records queued.
 """
@@ -120,8 +123,66 @@ class _PredictionLogCollector(Collector):
         yield from (records, errors, queued)
 
 
+class _FeatureStoreCollector(Collector):
+    """Reads :meth:`processor.served_model.ServedModel.feature_store_metrics` of every model."""
+
+    def __init__(self, models: Callable[[], Iterable[Any]]) -> None:
+        self._models = models
+
+    def collect(self):
+        latency = HistogramMetricFamily("sp_feature_store_latency_seconds",
+                                        "feature store lookups (all tables of a request)",
+                                        labels=["model", "store", "op"])
+        ids = CounterMetricFamily("sp_feature_store_ids", "ids looked up", labels=["model", "table"])
+        defaults = CounterMetricFamily("sp_feature_store_default_vectors",
+                                       "ids the store does not hold, served the default vector",
+                                       labels=["model", "table"])
+        hits = CounterMetricFamily("sp_feature_store_cache_hits", "distinct ids of a lookup found in a "
+                                   "cache tier", labels=["model", "table", "tier"])
+        misses = CounterMetricFamily("sp_feature_store_cache_misses", "distinct ids of a lookup a cache "
+                                     "tier did not hold", labels=["model", "table", "tier"])
+        errors = CounterMetricFamily("sp_feature_store_redis_errors", "Redis connection errors and "
+                                     "timeouts", labels=["model"])
+        reconnects = CounterMetricFamily("sp_feature_store_redis_reconnects", "recoveries after a Redis "
+                                         "outage", labels=["model"])
+        for model in self._models():
+            snap = getattr(model, "feature_store_metrics", lambda: None)()
+            if snap is None:
+                continue
+            name = model.name
+            lat = snap["latency"]
+            latency.add_metric([name, snap["store"], "lookup"], [(_le(b), float(n)) for b, n in lat["buckets"]],
+                               sum_value=lat["sum"])
+            for table, c in snap["tables"].items():
+                ids.add_metric([name, table], float(c["ids"]))
+                defaults.add_metric([name, table], float(c["default_vectors"]))
+                for tier, n in c["hits"].items():
+                    hits.add_metric([name, table, tier], float(n))
+                for tier, n in c["misses"].items():
+                    misses.add_metric([name, table, tier], float(n))
+            if snap["store"] in ("redis", "cluster_redis"):
+                errors.add_metric([name], float(snap["redis_errors"]))
+                reconnects.add_metric([name], float(snap["redis_reconnects"]))
+        yield from (latency, ids, defaults, hits, misses, errors, reconnects)
+
+
 def _le(bound: float | str) -> str:
     return bound if isinstance(bound, str) else repr(float(bound))
+
+
+class RequestMetrics:
+    """The metric children one request outcome updates (see :meth:`ServerMetrics.request`)."""
+
+    __slots__ = ("_count", "_latency", "_error")
+
+    def __init__(self, count, latency, error) -> None:
+        self._count, self._latency, self._error = count, latency, error
+
+    def observe(self, seconds: float) -> None:
+        self._count.inc()
+        self._latency.observe(seconds)
+        if self._error is not None:
+            self._error.inc()
 
 
 class ServerMetrics:
@@ -141,33 +202,43 @@ class ServerMetrics:
                                  ["model", "version", "protocol", "api"], buckets=_LATENCY_BUCKETS,
                                  registry=r)
         self.in_flight = Gauge("sp_requests_in_flight", "requests being served", ["protocol"], registry=r)
+        self._bound: dict[tuple[str, ...], RequestMetrics] = {}
+        self._in_flight: dict[str, Any] = {}
         self.update_seconds = Histogram("sp_model_update_duration_seconds",
                                         "model loads the server ran (start, reload, rollback, pin)",
                                         ["model", "kind"], buckets=_UPDATE_BUCKETS, registry=r)
         self.update_failures = Counter("sp_model_update_failures", "model loads that failed",
                                        ["model", "kind"], registry=r)
-        self.feature_store_latency = Histogram("sp_feature_store_latency_seconds",
-                                               "feature store lookups", ["model", "store", "op"],
-                                               buckets=_LATENCY_BUCKETS, registry=r)
         r.register(_ModelStateCollector(models))
+        r.register(_FeatureStoreCollector(models))
         r.register(_PredictionLogCollector(models))
         if batching is not None:
             r.register(_BatchingCollector(batching))
 
-    def observe_request(self, model: str, version: str, protocol: str, api: str, code: str,
-                        seconds: float) -> None:
-        self.requests.labels(model, version, protocol, api, code).inc()
-        self.latency.labels(model, version, protocol, api).observe(seconds)
-        if code != "OK":
-            self.errors.labels(model, protocol, api, code).inc()
+    def request(self, model: str, version: str, protocol: str, api: str, code: str) -> RequestMetrics:
+        """What one request's outcome updates, bound once per label set: the client library's
+        label lookup costs more than the update itself, and this runs on every request. The label
+        sets are bounded (served models or ``_unknown``, versions, APIs, status codes)."""
+        key = (model, version, protocol, api, code)
+        bound = self._bound.get(key)
+        if bound is None:
+            bound = self._bound[key] = RequestMetrics(
+                self.requests.labels(model, version, protocol, api, code),
+                self.latency.labels(model, version, protocol, api),
+                self.errors.labels(model, protocol, api, code) if code != "OK" else None)
+        return bound
+
+    def in_flight_of(self, protocol: str) -> Any:
+        """The ``sp_requests_in_flight`` gauge of ``protocol``, bound once."""
+        gauge = self._in_flight.get(protocol)
+        if gauge is None:
+            gauge = self._in_flight[protocol] = self.in_flight.labels(protocol)
+        return gauge
 
     def observe_update(self, model: str, kind: str, seconds: float, ok: bool) -> None:
         self.update_seconds.labels(model, kind).observe(seconds)
         if not ok:
             self.update_failures.labels(model, kind).inc()
-
-    def observe_feature_store(self, model: str, store: str, op: str, seconds: float) -> None:
-        self.feature_store_latency.labels(model, store, op).observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -92,7 +92,7 @@ void find_identity(int64_t size, const int64_t* queries, int64_t n, int64_t* out
 template <class V>
 int64_t gather_rows(const V* values, int64_t nrows, int64_t dim, const int64_t* rows, int64_t n,
                     const float* fallback, float* out) {
-  constexpr int64_t kAhead = 4;
+  constexpr int64_t kAhead = 12;  // rows prefetched ahead of the copy
   int64_t misses = 0;
   for (int64_t i = 0; i < n; ++i) {
     if (i + kAhead < n && rows[i + kAhead] >= 0 && rows[i + kAhead] < nrows) {

@@ -5,8 +5,9 @@ cache of float32 rows answers most ids without a Redis round trip. Per table, a 
 ``RowCache`` (``native/src/row_store.cc``):
 
 * **bounded in bytes**: ``redis_cache_bytes`` per version (default 256 MiB; 0 turns the cache
-  off), split over the tables in proportion to their checkpoint bytes, and never more rows than
-  a table has. A row costs ``4 * dim + 18`` bytes (values, key, index, reference bit);
+  off), split over the tables smallest first, each at most an even share of what is left (a
+  small table is cached whole, never more rows than it has; the large ones share the rest). A
+  row costs ``4 * dim + 18`` bytes (values, key, index, reference bit);
 * **CLOCK eviction** (second chance): a hit only sets a reference bit, under a shared lock, so
   concurrent lookups never serialize on a list update as an exact LRU's would; a miss evicts
   the first slot whose bit is clear as the hand sweeps. Under a skewed (Zipf) distribution it
@@ -41,11 +42,14 @@ class HotRowCache:
     def __init__(self, specs: dict[str, TableSpec], budget: int) -> None:
         self.budget = int(budget)
         self._caches: dict[str, Any] = {}
-        weights = {n: max(s.rows, 1) * 4 * s.dim for n, s in specs.items()}
-        total = max(sum(weights.values()), 1)
-        for name, spec in specs.items():
-            rows = int(self.budget * weights[name] / total) // (4 * spec.dim + ROW_OVERHEAD)
-            rows = min(rows, max(spec.rows, 1), (1 << 30) - 1)
+        left = self.budget
+        by_size = sorted(specs.items(), key=lambda item: max(item[1].rows, 1) * item[1].dim)
+        for i, (name, spec) in enumerate(by_size):
+            # smallest tables first, each at most an even share of what is left: a small table is
+            # cached whole, the large ones share the rest evenly
+            row_bytes = 4 * spec.dim + ROW_OVERHEAD
+            rows = min(left // (len(by_size) - i) // row_bytes, max(spec.rows, 1), (1 << 30) - 1)
+            left -= rows * row_bytes
             if rows > 0:
                 cache = native_rows.row_cache(rows, spec.dim)
                 if cache is None:
