@@ -92,7 +92,10 @@ class DeploymentConfig(BaseModel):
     # SIGTERM: refuse new requests, wait this long for in-flight ones, then exit
     drain_timeout_seconds: float = Field(30.0, ge=0, le=3600)
     grpc_max_workers: int | None = Field(None, ge=1, le=1024)
+    # one access-log line per successful request (failed ones are always logged), written off the
+    # request's thread; access_log_sample_rate: the share of successful requests logged
     access_log: bool = True
+    access_log_sample_rate: float = Field(1.0, ge=0, le=1)
     log_format: Literal["json", "text"] = "json"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     enable_docs: bool = True

@@ -15,7 +15,7 @@ class DrainGate:
     """See the module doc."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        self._cond = threading.Condition(threading.Lock())  # not the default RLock: per request
         self._in_flight = 0
         self._draining = False
 

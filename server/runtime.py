@@ -16,13 +16,13 @@ Thread-safe.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import gc
 import logging
+import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -32,12 +32,12 @@ from processor.deployment import DeploymentConfig
 from processor.errors import as_processor_error, edge_error
 from processor.served_model import ModelRegistry, ServedModel
 
+from .access_log import AccessLog
 from .drain import DrainGate
 from .logs import request_id_var
 from .metrics import UNKNOWN_MODEL, ServerMetrics
 
 log = logging.getLogger("server")
-access_log = logging.getLogger("server.access")
 
 
 class ServingRuntime:
@@ -51,7 +51,7 @@ class ServingRuntime:
         self.gate = DrainGate()
         self.metrics = ServerMetrics(lambda: self.models, self._batching_info)
         self.admin_token = deployment.resolved_admin_token()
-        self.access_log = deployment.access_log
+        self.access_log = AccessLog(deployment.access_log, deployment.access_log_sample_rate)
         self._executors = {
             m.name: ThreadPoolExecutor(m.threads or 2, thread_name_prefix=f"sp-infer-{m.name}")
             for m in self.models}
@@ -125,36 +125,10 @@ class ServingRuntime:
         ctx = contextvars.copy_context()
         return await asyncio.get_running_loop().run_in_executor(self.executor(name), ctx.run, fn, *args)
 
-    @contextlib.contextmanager
-    def track(self, model: str, protocol: str, api: str) -> Iterator[None]:
-        """Around one request: refuse when draining, count in flight, record metrics and log."""
-        started = time.perf_counter()
-        code = "OK"
-        message = ""
-        entered = False
-        self.metrics.in_flight.labels(protocol).inc()
-        try:
-            self.gate.enter()
-            entered = True
-            yield
-        except Exception as exc:
-            err = as_processor_error(exc)
-            code, message = err.code.name, err.message
-            raise
-        finally:
-            if entered:
-                self.gate.exit()
-            self.metrics.in_flight.labels(protocol).dec()
-            seconds = time.perf_counter() - started
-            label = model if model in self.models else UNKNOWN_MODEL
-            version = self.version_label(model)
-            self.metrics.observe_request(label, version, protocol, api, code, seconds)
-            if code != "OK":  # a client's model name cut as error messages cut it
-                access_log.warning("%s %s %s -> %s: %s", protocol, api, cut(model), code, message,
-                                   extra=_fields(label, version, protocol, api, code, seconds))
-            elif self.access_log:
-                access_log.info("%s %s %s -> OK", protocol, api, model,
-                                extra=_fields(label, version, protocol, api, code, seconds))
+    def track(self, model: str, protocol: str, api: str) -> RequestTrack:
+        """Around one request (``with rt.track(...)``): refuse when draining, count in flight,
+        record metrics and the access log (see :class:`RequestTrack`)."""
+        return RequestTrack(self, model, protocol, api)
 
     def version_label(self, name: str) -> str:
         served = self.models.get(name).served_version() if name in self.models else None
@@ -208,7 +182,58 @@ class ServingRuntime:
         self.models.drain(timeout=self.deployment.drain_timeout_seconds)  # runs what is still queued
         for executor in self._executors.values():
             executor.shutdown(wait=False, cancel_futures=True)
-        self.models.close()
+        try:
+            self.models.close()
+        finally:
+            self.access_log.close()
+
+
+class RequestTrack:
+    """One request's bookkeeping, as a context manager (a class, not a generator: this runs on
+    every request). On enter: the drain gate (Unavailable once draining) and the in-flight
+    gauge. On exit: the request's metrics (pre-bound children, :meth:`ServerMetrics.request`),
+    and its access-log line: a failure at once with its code and message, a success through
+    :class:`~server.access_log.AccessLog`'s writer thread when sampled."""
+
+    __slots__ = ("rt", "model", "protocol", "api", "started", "entered")
+
+    def __init__(self, rt: ServingRuntime, model: str, protocol: str, api: str) -> None:
+        self.rt, self.model, self.protocol, self.api = rt, model, protocol, api
+
+    def __enter__(self) -> None:
+        self.started = time.perf_counter()
+        self.entered = False
+        rt = self.rt
+        rt.metrics.in_flight_of(self.protocol).inc()
+        try:
+            rt.gate.enter()
+        except BaseException:
+            self.__exit__(*sys.exc_info())
+            raise
+        self.entered = True
+
+    def __exit__(self, kind, exc, tb) -> None:
+        rt, model = self.rt, self.model
+        if self.entered:
+            rt.gate.exit()
+        metrics = rt.metrics
+        metrics.in_flight_of(self.protocol).dec()
+        seconds = time.perf_counter() - self.started
+        known = model in rt.models
+        label = model if known else UNKNOWN_MODEL
+        version = rt.version_label(model) if known else "none"
+        if exc is None:
+            metrics.request(label, version, self.protocol, self.api, "OK").observe(seconds)
+            rt.access_log.ok(self.protocol, self.api, model, version, seconds, request_id_var.get())
+            return
+        if not isinstance(exc, Exception):  # cancelled, exiting: nothing to count
+            return
+        err = as_processor_error(exc)
+        code = err.code.name
+        metrics.request(label, version, self.protocol, self.api, code).observe(seconds)
+        # a client's model name cut as error messages cut it
+        AccessLog.error(self.protocol, self.api, cut(model), label, version, code, err.message, seconds,
+                        request_id_var.get())
 
 
 def tune_gc() -> None:
@@ -223,8 +248,3 @@ def tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
-
-
-def _fields(model: str, version: str, protocol: str, api: str, code: str, seconds: float) -> dict:
-    return {"model": model, "version": version, "protocol": protocol, "api": api, "code": code,
-            "ms": round(seconds * 1000, 3), "request_id": request_id_var.get()}
