@@ -2,7 +2,8 @@
 
 Terms:
 
-* a **table** is an embedding table: float32 rows of width ``dim`` keyed by int64 ids, with
+* a **table** is an embedding table: rows of width ``dim`` keyed by int64 ids (held as
+  ``embedding_dtype``, float32 or float16; served as float32), with
   EmbeddingVariable semantics: it is not fixed-size (an upsert of an unseen id adds a row), an
   id the store does not hold is served the table's **default vector** (zeros unless a row is
   given), and rows carry the ``freq`` / ``version`` metadata of the checkpoint when it has them;
@@ -18,7 +19,8 @@ Contract of :class:`VersionTables` (what the engine calls):
 
 * ``lookup`` is the hot path: many (table, keys) requests in one call, answered with one
   ``[len(keys), dim]`` float32 array each; thread-safe; raises
-  :class:`~processor.errors.Unavailable` (503) when a remote store cannot answer;
+  :class:`~processor.errors.Unavailable` (503) when a remote store cannot answer; counted in
+  the store's :class:`~.store_metrics.StoreMetrics`;
 * ``stage_delta`` writes a delta's rows where every process sees them (shared stores), off the
   request path; ``apply_delta`` writes rows that live in this process, while no lookup runs (the
   SessionGroup's update gate guarantees it);
