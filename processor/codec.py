@@ -53,12 +53,15 @@ def decode_message(request: predict_pb2.PredictRequest, signature: Signature) ->
 
 
 def decode_arrays(inputs: Mapping[str, Any], output_filter: Sequence[str] | None,
-                  signature: Signature) -> DecodedRequest:
+                  signature: Signature, check_shapes: bool = True) -> DecodedRequest:
     """Check numpy inputs (keyed by alias or tensor name) exactly as protobuf requests are.
 
     For front-ends that parse their own wire format (JSON); no protobuf round trip.
+    ``check_shapes=False``: TF Serving's rule, ranks and fixed dimensions are not checked (the
+    graph decides; its refusal is InvalidArgument from the engine).
     """
-    return DecodedRequest(_feeds(inputs.items(), signature, array_from_numpy),
+    convert = array_from_numpy if check_shapes else _array_any_shape
+    return DecodedRequest(_feeds(inputs.items(), signature, convert),
                           _fetches(output_filter or (), signature))
 
 
@@ -86,6 +89,11 @@ def _fetches(output_filter: Sequence[str], signature: Signature) -> tuple[tuple[
             raise InvalidArgument("output_filter holds an empty name")
         fetches.append((key, signature.output(key).alias))
     return tuple(fetches)
+
+
+def _array_any_shape(value: Any, spec: TensorSpec) -> np.ndarray:
+    """:func:`array_from_numpy` checking the dtype only."""
+    return array_from_numpy(value, TensorSpec(spec.alias, spec.name, spec.dtype, None))
 
 
 def array_from_numpy(value: Any, spec: TensorSpec) -> np.ndarray:

@@ -131,6 +131,12 @@ class ModelConfig(BaseModel):
     signature_name: str = Field("serving_default", min_length=1)
     serialize_protocol: Literal["protobuf"] = "protobuf"
     backend: Literal["auto", "tensorflow", "onnxruntime"] = "auto"
+    # Ours: shared libraries of custom TensorFlow ops (TFRA, SOK, a team's own), loaded with
+    # tf.load_op_library, in order, before the SavedModel; a missing one is a ConfigError.
+    custom_op_libraries: tuple[str, ...] = ()
+    # Ours: TF Serving's enable_serialization_as_tensor_content: its gRPC Predict writes numeric
+    # outputs as tensor_content bytes; off (TF Serving's default), in the typed fields (float_val...).
+    enable_serialization_as_tensor_content: bool = False
     init_timeout_minutes: float = Field(0, ge=-1)
 
     # --- session group ----------------------------------------------------------------------
@@ -221,6 +227,14 @@ class ModelConfig(BaseModel):
         if any(s <= 0 for s in sizes) or len(sizes) > 4:
             raise ValueError("must list at most 4 positive byte sizes")
         return sizes
+
+    @field_validator("custom_op_libraries", mode="before")
+    @classmethod
+    def _op_libraries(cls, value: Any) -> Any:
+        if (not isinstance(value, (list, tuple)) or len(value) > 64
+                or any(not isinstance(v, str) or not v.strip() for v in value)):
+            raise ValueError("must be a list of paths of shared libraries, like [\"/opt/ops/libmy_ops.so\"]")
+        return tuple(v.strip() for v in value)
 
     @field_validator("warmup_batch_sizes", mode="before")
     @classmethod

@@ -42,8 +42,7 @@ from .batching.batcher import Batcher
 from .prediction_log import PredictionLogger
 from .prediction_log.record import Pending
 from .errors import DeadlineExceeded, ProcessorError, as_processor_error
-from .request import (PredictCall, PredictResult, Served, check_served, check_signature_name,
-                      requested_version)
+from .request import PredictCall, PredictResult, Served, check_served, requested_version
 from .served_model import ModelRegistry
 from .tracing import TraceRecorder
 from .tracing.tracer import now_us
@@ -78,7 +77,7 @@ class DataPlane:
         whole-request path, or the native codec around the engine call); every other call
         goes through :meth:`_answer`.
         """
-        model, _, version, label, _, _, deadline = call  # unpacked, not field by field: the hot path
+        model, _, version, label, _, _, deadline, _ = call  # unpacked, not field by field: the hot path
         if deadline is not None:
             _check_deadline(model, deadline)
         manager = self._managers.get(model)
@@ -141,9 +140,9 @@ class DataPlane:
             group = handle.group
             if pending is not None:
                 pending.group = group
-            model, inputs, _, _, signature_name, _, _ = call
+            model, inputs, _, _, signature_name, _, _, _ = call
             if version is not None or signature_name:
-                _check_call(model, group, version, signature_name)
+                group = _check_call(model, group, version, signature_name)
             if rec is None and inputs.__class__ in _WIRE and inputs and model not in self._batchers:
                 # tuple.__new__: a named tuple's own constructor costs ~0.15 us more, per request
                 return tuple.__new__(PredictResult, (group.serve(inputs), group.version, group.signature, False))
@@ -178,7 +177,7 @@ class DataPlane:
             if wire:
                 decoded = codec.decode_message(parsed, signature)
             else:
-                decoded = codec.decode_arrays(parsed, call.output_filter, signature)
+                decoded = codec.decode_arrays(parsed, call.output_filter, signature, call.check_shapes)
             del parsed
         if pending is not None:
             pending.feeds = decoded.feeds
@@ -233,6 +232,28 @@ class DataPlane:
         finally:
             handle.release()
 
+    def predict_each(self, call: PredictCall, signature_names: Sequence[str]) -> list[PredictResult]:
+        """``call`` run once per signature in ``signature_names`` (each checked as ``call``'s
+        own), all on one acquire of the served version: TF Serving's MultiInference, one input
+        for several signatures. Arrays and decoders only; ``call.signature_name`` is ignored.
+        Raises ProcessorError (the first task's failure)."""
+        if call.deadline is not None:
+            _check_deadline(call.model, call.deadline)
+        model = self._registry.get(call.model)
+        version = call.version
+        if call.label is not None:
+            version = requested_version(call.model, version, call.label, model.version_labels)
+        handle = model.manager.acquire_handle()
+        try:
+            return [self._answer(call, _check_call(call.model, handle.group, version, name), None)
+                    for name in signature_names]
+        except ProcessorError:
+            raise
+        except Exception as exc:
+            raise as_processor_error(exc) from exc
+        finally:
+            handle.release()
+
     def _predict_wire(self, name: str, data: bytes | memoryview) -> bytes:
         return self.predict(PredictCall(name, data)).outputs
 
@@ -243,7 +264,7 @@ class DataPlane:
         wanted = requested_version(name, version, label, model.version_labels)
         with model.manager.acquire() as group:
             _check_call(name, group, wanted, "")
-            return Served(group.version, group.signature, group.backend.engine_name)
+            return Served(group.version, group.signature, group.backend.engine_name, group.signatures)
 
     # --- timeline tracing -------------------------------------------------------------------
 
@@ -285,12 +306,12 @@ def _serve_batched(group, data: bytes | memoryview, batcher: Batcher, deadline: 
     return wire.encode(keys, batcher.run(group, feeds, aliases, deadline))
 
 
-def _check_call(model: str, group, version: int | None, signature_name: str) -> None:
-    """The version and signature name a call asks for, against the group that will run it."""
+def _check_call(model: str, group, version: int | None, signature_name: str):
+    """The version and signature name a call asks for, against the group that will run it: the
+    group serving that signature (:meth:`~processor.engine.session_group.SessionGroup.for_signature`)."""
     if version is not None:
         check_served(model, group.version, version)
-    if signature_name:
-        check_signature_name(signature_name, group.signature)
+    return group.for_signature(signature_name) if signature_name else group
 
 
 def _run(group, decoded: codec.DecodedRequest, batcher: Batcher | None = None,

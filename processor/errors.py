@@ -13,11 +13,14 @@ from dataclasses import dataclass
 
 class StatusCode(enum.IntEnum):
     """The processor's status codes, named as gRPC's canonical codes; the integer is the HTTP
-    status. What each edge sends is :data:`STATUS_TABLE`'s row, never the integer itself."""
+    status (but FAILED_PRECONDITION's, 412 only to stay a member of its own: it is sent as 400,
+    as TF Serving sends it). What each edge sends is :data:`STATUS_TABLE`'s row, never the
+    integer itself."""
 
     OK = 200
     INVALID_ARGUMENT = 400  # the request or config is wrong
-    NOT_FOUND = 404  # unknown model, version or signature
+    NOT_FOUND = 404  # unknown model or version
+    FAILED_PRECONDITION = 412  # TF Serving's Predict naming a signature the model does not have
     RESOURCE_EXHAUSTED = 413  # request over a configured size or memory limit (server edges)
     INTERNAL = 500  # a failure inside the processor or the engine
     UNAVAILABLE = 503  # no version ready yet, a store down, shutting down, a full queue
@@ -41,6 +44,7 @@ STATUS_TABLE: dict[StatusCode, EdgeStatus] = {
     StatusCode.OK: EdgeStatus(200, "OK", 200),
     StatusCode.INVALID_ARGUMENT: EdgeStatus(400, "INVALID_ARGUMENT", 400),
     StatusCode.NOT_FOUND: EdgeStatus(404, "NOT_FOUND", 404),
+    StatusCode.FAILED_PRECONDITION: EdgeStatus(400, "FAILED_PRECONDITION", 400),
     StatusCode.RESOURCE_EXHAUSTED: EdgeStatus(413, "RESOURCE_EXHAUSTED", 413),
     StatusCode.INTERNAL: EdgeStatus(500, "INTERNAL", 500),
     StatusCode.UNAVAILABLE: EdgeStatus(503, "UNAVAILABLE", 503),
@@ -85,6 +89,20 @@ class ConfigError(InvalidArgument):
 
 class NotFound(ProcessorError):
     code = StatusCode.NOT_FOUND
+
+
+class FailedPrecondition(ProcessorError):
+    code = StatusCode.FAILED_PRECONDITION
+
+
+class SignatureNotFound(FailedPrecondition):
+    """A call names a signature the served model does not have (TF Serving's Predict wording);
+    ``name`` is the signature asked for, so an edge whose TF Serving API words it otherwise
+    (REST, Classify, Regress: INVALID_ARGUMENT) can say it its way."""
+
+    def __init__(self, message: str, name: str) -> None:
+        super().__init__(message)
+        self.name = name
 
 
 class ResourceExhausted(ProcessorError):

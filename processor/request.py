@@ -11,7 +11,9 @@ Versions are numbered as TF Serving numbers them (:func:`version_number`): the f
 global step, ``0`` when parameters come from the SavedModel's own variables. A call names a
 version or a label (``version_labels`` of the model's deployment entry), never both; a version
 that is not the served one is NOT_FOUND ("Servable not found for request: Specific(name, N)"),
-an unknown label INVALID_ARGUMENT, both as TF Serving answers them.
+an unknown label INVALID_ARGUMENT, both as TF Serving answers them. A call names any signature
+the served model has (:func:`served_signature`; none: the model's ``signature_name``), as TF
+Serving serves every signature of a SavedModel.
 
 Immutable values (named tuples: built per request, so cheap to make); pure functions; thread-safe.
 """
@@ -26,7 +28,7 @@ from typing import Any, NamedTuple, Union
 import numpy as np
 
 from .echo import cut, shorten
-from .errors import InvalidArgument, NotFound
+from .errors import InvalidArgument, NotFound, SignatureNotFound
 from .signature import Signature
 
 # The id of the request being served: set by the edges that have one (HTTP X-Request-ID, gRPC
@@ -45,7 +47,9 @@ class PredictCall(NamedTuple):
     """What an edge asks. ``deadline``: a ``time.monotonic()`` value (gRPC deadline, HTTP
     timeout header) after which the request is dropped unrun with DEADLINE_EXCEEDED.
     ``output_filter``: the outputs wanted, by alias or tensor name (arrays and decoders only:
-    serialized requests carry their own)."""
+    serialized requests carry their own). ``check_shapes``: arrays and decoders are checked
+    against the signature's ranks and fixed dimensions; False is TF Serving's rule (input names,
+    count and dtypes checked; the graph decides the shapes and its refusal is a 400)."""
 
     model: str
     inputs: Inputs
@@ -54,6 +58,7 @@ class PredictCall(NamedTuple):
     signature_name: str = ""
     output_filter: Sequence[str] | None = None
     deadline: float | None = None
+    check_shapes: bool = True
 
 
 class PredictResult(NamedTuple):
@@ -71,11 +76,13 @@ class PredictResult(NamedTuple):
 
 
 class Served(NamedTuple):
-    """What serves a model (metadata calls): its version, signature and engine name."""
+    """What serves a model (metadata calls): its version, default signature, engine name and
+    every signature it serves by name (the default one included)."""
 
     version: Any  # processor's ModelVersion
     signature: Signature
     engine_name: str
+    signatures: Mapping[str, Signature] = {}
 
     @property
     def version_number(self) -> int:
@@ -126,10 +133,11 @@ def check_served(name: str, served, wanted: int | None) -> int:
     return number
 
 
-def check_signature_name(requested: str, signature: Signature) -> None:
-    """NOT_FOUND unless ``requested`` is empty or the served signature's name (the request's
-    value echoed at most 80 characters long)."""
-    if requested and requested != signature.name:
-        shown = json.dumps(requested[:80]) + (f" ({len(requested)} characters)" if len(requested) > 80 else "")
-        raise NotFound(f"Serving signature name: {shown} not found in signature def; "
-                       f"this model serves \"{signature.name}\"")
+def served_signature(requested: str, signatures: Mapping[str, Signature]) -> Signature:
+    """The signature ``requested`` names among those served; SignatureNotFound (TF Serving's
+    Predict wording, the name echoed at most 80 characters long) when there is none."""
+    found = signatures.get(requested)
+    if found is None:
+        raise SignatureNotFound(f"Serving signature key {json.dumps(cut(requested))} not found. This model "
+                                f"serves {shorten(sorted(signatures), 200)}", requested)
+    return found

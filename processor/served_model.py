@@ -20,7 +20,7 @@ from typing import Any
 
 from .batching.batcher import Batcher
 from .config import ModelConfig
-from .echo import shorten
+from .echo import cut, shorten
 from .errors import NotFound, Unavailable
 from .manager.model_manager import ModelManager
 from .prediction_log import PredictionLogger
@@ -194,7 +194,9 @@ class ModelRegistry:
         """The model; NotFound naming the served ones."""
         model = self._models.get(name)
         if model is None:
-            raise NotFound(f"unknown model {shorten(name, 80)}; serving {sorted(self._models)}")
+            # TF Serving's words first: its clients and readiness helpers look for "Servable"
+            raise NotFound(f"Servable not found for request: Latest({cut(name)}) (unknown model "
+                           f"{shorten(name, 80)}; serving {sorted(self._models)})")
         return model
 
     def __contains__(self, name: object) -> bool:

@@ -36,7 +36,8 @@ if TYPE_CHECKING:
 
 class Backend(Protocol):
     engine_name: str  # "tensorflow" or "onnxruntime"
-    signature: Signature
+    signature: Signature  # the default one (the config's signature_name): what run() serves
+    signatures: dict[str, Signature]  # every signature served, by name (the default one included)
     lanes: int
     # String inputs ``run`` also takes as uint64 TensorFlow Fingerprint64 arrays (the native
     # decoder hashes them without the GIL); empty for engines that take the strings themselves.
@@ -44,6 +45,12 @@ class Backend(Protocol):
 
     def run(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]) -> list[np.ndarray]:
         """Run the signature on ``lane``: feeds keyed by input alias, fetches by output alias."""
+        ...
+
+    def run_signature(self, lane: int, name: str, feeds: dict[str, np.ndarray],
+                      fetches: tuple[str, ...]) -> list[np.ndarray]:
+        """``run`` of ``signatures[name]``, another signature than the default (engines serving
+        one signature never get this call). Same threading and errors as ``run``."""
         ...
 
     @property

@@ -5,6 +5,10 @@ configured policy (``MOD`` or ``RR``). ``run`` is thread-safe. A delta is applie
 :meth:`SessionGroup.apply_delta`, alone (an :class:`UpdateGate` holds requests back for the
 few milliseconds of the write), so each request sees one version. The group is closed by its
 :class:`~processor.manager.servable_handle.ServableHandle` once no request uses it.
+
+Every signature of the model is served: ``signature`` is the default one (the config's
+``signature_name``), ``signatures`` all of them by name; :meth:`SessionGroup.for_signature` is
+the group serving another one (a :class:`~processor.engine.signature_view.SignatureView`).
 """
 
 from __future__ import annotations
@@ -19,12 +23,14 @@ from ..batching.settings import BatchingConfig
 from ..checkpoint.delta import Delta
 from ..config import ModelConfig
 from ..errors import ConfigError
+from ..request import served_signature
 from ..signature import Signature
 from ..store.model_version import ModelVersion
 from ..tracing.events import EngineTrace
 from ..wire_codec import WireCodec
 from .backend import Backend
 from .lane_policy import LanePolicy
+from .signature_view import SignatureView
 from .update_gate import UpdateGate
 
 
@@ -35,6 +41,10 @@ class SessionGroup:
                  batching: BatchingConfig | None = None) -> None:
         self.backend = backend
         self.signature: Signature = backend.signature  # fixed for the group's life (read per request)
+        # every signature the backend serves, by name (the default one included)
+        self.signatures: dict[str, Signature] = dict(getattr(backend, "signatures", None) or
+                                                     {backend.signature.name: backend.signature})
+        self._views: dict[str, SignatureView] = {}
         self.version = version
         self.load_seconds = load_seconds
         self._policy = LanePolicy(policy, backend.lanes)
@@ -47,6 +57,25 @@ class SessionGroup:
     @property
     def lanes(self) -> int:
         return self.backend.lanes
+
+    def for_signature(self, name: str) -> SessionGroup | SignatureView:
+        """This group serving signature ``name`` (itself for the default one); SignatureNotFound
+        when the model has no such signature."""
+        if name == self.signature.name:
+            return self
+        view = self._views.get(name)
+        if view is None:
+            view = self._views.setdefault(name, SignatureView(self, served_signature(name, self.signatures)))
+        return view
+
+    def pick_lane(self) -> int:
+        return self._policy.pick()
+
+    def run_signature(self, name: str, lane: int | None, feeds: dict[str, np.ndarray],
+                      fetches: tuple[str, ...]) -> list[np.ndarray]:
+        """Run signature ``name`` (not the default one) on ``lane`` (None: the policy's)."""
+        with self._gate.shared():
+            return self.backend.run_signature(self._policy.pick() if lane is None else lane, name, feeds, fetches)
 
     def run(self, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]) -> list[np.ndarray]:
         """Run on the lane the policy picks for the calling thread."""

@@ -30,7 +30,7 @@ from ..errors import Internal, InvalidArgument, NotFound, ProcessorError
 from ..checkpoint.delta import Delta, VariableInfo, read_delta
 from ..features.ev_checkpoint import StoreDelta, TableSource, read_store_delta
 from ..store.model_version import ModelVersion
-from . import device_plan, embedding_lookup, lane_graphs, pinning
+from . import device_plan, embedding_lookup, lane_graphs, op_libraries, pinning
 from .tf_signature import SERVE_TAGS, signature_from_def
 from .tf_variables import VariableUpdater, check_outputs_restored, restored_variables
 
@@ -63,6 +63,8 @@ class TensorFlowBackend:
         # The request path's callables, by (lane, fetches): the lane's run options built in.
         self._lane_callables: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._callables_lock = threading.Lock()
+        # Other signatures' callables, by (lane, signature name, fetches), on graph copy 0.
+        self._signature_callables: dict[tuple[int, str, tuple[str, ...]], Any] = {}
 
         session_config = tf.compat.v1.ConfigProto(
             intra_op_parallelism_threads=config.intra_op_parallelism_threads,
@@ -92,6 +94,8 @@ class TensorFlowBackend:
             pools = [0] * lanes
         self._run_options = [tf.compat.v1.RunOptions(inter_op_thread_pool=p) for p in pools]
 
+        # before the graph is imported: its custom ops must be registered (ConfigError if not)
+        self._op_libraries = op_libraries.load(config.custom_op_libraries)
         try:
             loader = loader_impl.SavedModelLoader(version.savedmodel_dir)
             meta_graph = loader.get_meta_graph_def_from_tags(SERVE_TAGS)
@@ -103,6 +107,12 @@ class TensorFlowBackend:
             raise NotFound(f"signature_name {shorten(config.signature_name)} not in the SavedModel; "
                            f"available: {shorten(available, 400)}")
         self.signature = signature_from_def(config.signature_name, sig_def)
+        # Every signature of the meta graph is served (TF Serving's rule), ``__``-named internals
+        # (TF2's __saved_model_init_op) aside; with a feature store only the default one (the
+        # lookups are wired into its outputs alone).
+        self.signatures = {name: signature_from_def(name, d) for name, d in sorted(meta_graph.signature_def.items())
+                           if not name.startswith("__") and features is None}
+        self.signatures[config.signature_name] = self.signature
         outputs = [s.name for s in self.signature.outputs.values()]
         # Lanes on distinct devices get their own copy of the serving graph (lane_graphs).
         self._lanes = lane_graphs.lane_map(self._devices)
@@ -159,6 +169,28 @@ class TensorFlowBackend:
     def run(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]) -> list[np.ndarray]:
         fn = self._lane_callables.get((lane, fetches)) or self._make_lane_callable(lane, fetches)
         return self._invoke(fn, [feeds[a] for a in self._feed_aliases])
+
+    def run_signature(self, lane: int, name: str, feeds: dict[str, np.ndarray],
+                      fetches: tuple[str, ...]) -> list[np.ndarray]:
+        """Run another signature of the model (``signatures[name]``) on ``lane``: its own feeds and
+        fetches on the first graph copy (lanes on other devices run it there too), with the lane's
+        run options. Same threading and errors as :meth:`run`."""
+        key = (lane, name, fetches)
+        fn = self._signature_callables.get(key)
+        signature = self.signatures[name]
+        if fn is None:
+            from tensorflow.core.protobuf.config_pb2 import CallableOptions
+
+            options = CallableOptions(feed=[s.name for s in signature.inputs.values()],
+                                      fetch=[signature.outputs[a].name for a in fetches],
+                                      run_options=self._run_options[lane])
+            try:
+                made = self._session._make_callable_from_options(options)
+            except _tf().errors.OpError as exc:
+                raise Internal(f"signature {name!r} cannot run: {exc.message}") from exc
+            with self._callables_lock:
+                fn = self._signature_callables.setdefault(key, made)
+        return self._invoke(fn, [feeds[a] for a in signature.inputs])
 
     def _call(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...], options,
               metadata) -> list[np.ndarray]:
@@ -337,6 +369,8 @@ class TensorFlowBackend:
             "devices": {**self._devices.describe(), "lane_graphs": self._lane_report},
             "device_placement": self._placement,
             "embedding": self._embedding.describe() if self._embedding is not None else self._embedding_report,
+            "signatures": sorted(self.signatures),
+            "custom_op_libraries": self._op_libraries,
         }
 
     def close(self) -> None:
@@ -348,3 +382,4 @@ class TensorFlowBackend:
             session.close()
         self._callables = {}
         self._lane_callables = {}
+        self._signature_callables = {}

@@ -115,11 +115,12 @@ def test_the_callers_errors_are_not_logged_above_debug(caplog, exc):
 
 def test_canonical_code_names():
     """StatusCode members are gRPC's canonical names; each table row names the same gRPC code."""
-    assert [c.name for c in StatusCode] == ["OK", "INVALID_ARGUMENT", "NOT_FOUND", "RESOURCE_EXHAUSTED",
-                                            "INTERNAL", "UNAVAILABLE", "DEADLINE_EXCEEDED"]
+    assert [c.name for c in StatusCode] == ["OK", "INVALID_ARGUMENT", "NOT_FOUND", "FAILED_PRECONDITION",
+                                            "RESOURCE_EXHAUSTED", "INTERNAL", "UNAVAILABLE", "DEADLINE_EXCEEDED"]
     for code in StatusCode:
         assert STATUS_TABLE[code].grpc == code.name
-        assert STATUS_TABLE[code].http == int(code)
+        # FAILED_PRECONDITION goes out as 400, TF Serving's HTTP status for it
+        assert STATUS_TABLE[code].http == (400 if code == StatusCode.FAILED_PRECONDITION else int(code))
     assert issubclass(PayloadTooLarge, ResourceExhausted)
     assert PayloadTooLarge("x").code == StatusCode.RESOURCE_EXHAUSTED
 

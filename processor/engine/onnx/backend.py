@@ -101,6 +101,9 @@ class OnnxRuntimeBackend:
         self._sessions: list[Any] = []
         self._prepared = prepare(version.savedmodel_dir, version, config.signature_name)
         self.signature = self._prepared.signature
+        # tf2onnx converts one signature (the config's signature_name): a request naming another
+        # is refused with TF Serving's "Serving signature key ... not found."
+        self.signatures = {self.signature.name: self.signature}
         self._hashed = set(self._prepared.hashed_inputs)
         self.fingerprinted_inputs = frozenset(self._hashed)
         self._strings = {a for a, s in self.signature.inputs.items() if s.dtype == 7 and a not in self._hashed}

@@ -1,0 +1,60 @@
+"""SignatureView: a :class:`~processor.engine.session_group.SessionGroup` serving another signature
+of its model (TF Serving serves every signature of a SavedModel, chosen per request).
+
+A view has the parts of a group a request uses (``signature``, ``version``, ``backend``,
+``lanes``, ``codec``, ``run``, ``run_on``, ``run_traced``, ``serve``, ``serve_batched``), so the
+DataPlane, the batching queue and the prediction log take it where they take a group. Its runs
+go through the group's update gate and lane policy to the backend's ``run_signature`` (one
+parameter copy, one version). A view belongs to its group (made once per signature, on first
+use) and lives no longer than the group's handle. Thread-safe as the group is.
+
+What a view does not have: the native whole-request path and the native batching queue (its
+wire requests run through the Python codec and batcher) and the engine's per-op trace (a traced
+request of another signature records the processor's stages only).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..signature import Signature
+from ..wire_codec import WireCodec
+
+
+class SignatureView:
+    """See the module doc."""
+
+    def __init__(self, group: Any, signature: Signature) -> None:  # group: its SessionGroup
+        self._group = group
+        self.signature = signature
+        self.backend = group.backend
+        self.codec = WireCodec(signature)
+
+    @property
+    def version(self):
+        return self._group.version
+
+    @property
+    def lanes(self) -> int:
+        return self._group.lanes
+
+    def run(self, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]) -> list[np.ndarray]:
+        return self._group.run_signature(self.signature.name, None, feeds, fetches)
+
+    def run_on(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]) -> list[np.ndarray]:
+        return self._group.run_signature(self.signature.name, lane, feeds, fetches)
+
+    def run_traced(self, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]):
+        """(lane, outputs, None): the engine trace is the default signature's only."""
+        lane = self._group.pick_lane()
+        return lane, self.run_on(lane, feeds, fetches), None
+
+    def serve(self, data: bytes | memoryview) -> bytes:
+        wire = self.codec
+        feeds, keys, aliases = wire.decode(data)
+        return wire.encode(keys, self.run(feeds, aliases))
+
+    def serve_batched(self, data: bytes | memoryview, deadline: float | None) -> None:
+        return None  # no native queue: the Python batcher takes the request
