@@ -9,10 +9,15 @@ metadata calls the same way. Every failure is a :class:`~processor.errors.Proces
 (an unexpected exception becomes INTERNAL with the original as its ``__cause__``); edges map it
 once. Thread-safe: any number of threads may call any method at once.
 
-Batching: a model with ``batching`` settings has a :class:`~processor.batching.batcher.Batcher`
-(its :class:`~processor.served_model.ServedModel` owns it); its requests are decoded and checked
-on the caller's thread, then run merged with others (see that module). A call's ``deadline``
-drops a request that waited too long, with DeadlineExceeded.
+Batching: a model with ``batching`` settings has one
+:class:`~processor.batching.model_batching.ModelBatching` (its
+:class:`~processor.served_model.ServedModel` owns it): one row budget bounds all its queues.
+Wire requests, from :meth:`DataPlane.predict` and :meth:`DataPlane.predict_many` alike, go in
+through its one submit path: the served version's native queue, else the reference
+:class:`~processor.batching.batcher.Batcher`; arrays, decoders and traced requests are decoded
+and checked on the caller's thread and go to the reference. Either way they merge with the
+model's concurrent requests. A call's ``deadline`` drops a request that waited too long, with
+DeadlineExceeded.
 
 Prediction logging: a model with a :class:`~processor.prediction_log.PredictionLogger` draws
 one random number per predict call; a sampled call is logged once answered (its inputs as
@@ -32,16 +37,15 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 
 from . import codec
-from .batching.batcher import Batcher
+from .batching.model_batching import ModelBatching
 from .prediction_log import PredictionLogger
 from .prediction_log.record import Pending
-from .errors import DeadlineExceeded, ProcessorError, as_processor_error
+from .errors import DeadlineExceeded, ProcessorError, as_processor_error, result_or_error
 from .request import PredictCall, PredictResult, Served, check_served, requested_version
 from .served_model import ModelRegistry
 from .tracing import TraceRecorder
@@ -59,7 +63,7 @@ class DataPlane:
         self._registry = models
         self._managers = {m.name: m.manager for m in models}
         self._labels = {m.name: m.version_labels for m in models}
-        self._batchers = {m.name: m.batcher for m in models if m.batcher is not None}
+        self._batching = {m.name: m.batching for m in models if m.batching is not None}
         # Only tracers with traces left; emptied as they finish, so the hot path stays one check.
         self._tracers = {m.name: m.tracer for m in models if m.tracer is not None and not m.tracer.done}
         self._loggers = {m.name: m.prediction_log for m in models if m.prediction_log is not None}
@@ -143,7 +147,7 @@ class DataPlane:
             model, inputs, _, _, signature_name, _, _, _ = call
             if version is not None or signature_name:
                 group = _check_call(model, group, version, signature_name)
-            if rec is None and inputs.__class__ in _WIRE and inputs and model not in self._batchers:
+            if rec is None and inputs.__class__ in _WIRE and inputs and model not in self._batching:
                 # tuple.__new__: a named tuple's own constructor costs ~0.15 us more, per request
                 return tuple.__new__(PredictResult, (group.serve(inputs), group.version, group.signature, False))
             return self._answer(call, group, rec, pending)
@@ -164,9 +168,9 @@ class DataPlane:
         wire = isinstance(inputs, _WIRE)
         if wire and not inputs:  # DeepRec's introspection ping
             return PredictResult(json.dumps(signature.describe()).encode(), group.version, signature, True)
-        batcher = self._batchers.get(call.model)
+        batching = self._batching.get(call.model)
         if wire and rec is None:
-            return PredictResult(_serve_batched(group, inputs, batcher, call.deadline), group.version, signature)
+            return PredictResult(batching.serve(group, inputs, call.deadline), group.version, signature)
         stage = rec.stage if rec is not None else _untimed
         with stage("parse"):
             if wire:
@@ -183,7 +187,7 @@ class DataPlane:
             pending.feeds = decoded.feeds
         with stage("run") as timed:
             try:
-                outputs = _run(group, decoded, batcher, call.deadline, rec)
+                outputs = _run(group, decoded, batching, call.deadline, rec)
             finally:
                 if rec is not None and rec.run_window is None:  # batched runs set the merged call's window
                     rec.run_window = (timed.start, now_us())
@@ -196,34 +200,18 @@ class DataPlane:
         """:meth:`predict` of each serialized request, one result (response bytes or the error)
         per request.
 
-        With batching, all of them are queued before any is awaited, so they run merged (with
-        each other and with concurrent requests); without, they run one after another.
+        With batching, all of them go in through the model's one submit path
+        (:meth:`ModelBatching.serve_many`), queued before any is awaited, so they run merged
+        with each other and with concurrent :meth:`predict` calls; without (or while the model
+        traces), they run one after another.
         """
-        batcher = self._batchers.get(name)
-        if batcher is None or self._tracers:
-            return [_result(self._predict_wire, name, data) for data in requests]
+        batching = self._batching.get(name)
+        if batching is None or self._tracers:
+            return [result_or_error(self._predict_wire, name, data) for data in requests]
         handle = self._registry.get(name).manager.acquire_handle()
         try:
             group = handle.group
-            wire = group.codec
-            pending: list = []
-            for data in requests:
-                try:
-                    feeds, keys, aliases = wire.decode(data)
-                    pending.append((keys, batcher.submit(group, feeds, aliases)))
-                except Exception as exc:
-                    pending.append(as_processor_error(exc))
-            results: list[bytes | ProcessorError] = []
-            for item in pending:
-                if isinstance(item, ProcessorError):
-                    results.append(item)
-                    continue
-                keys, queued = item
-                try:
-                    arrays = queued if isinstance(queued, list) else batcher.wait(queued)
-                    results.append(wire.encode(keys, arrays))
-                except Exception as exc:
-                    results.append(as_processor_error(exc))
+            results = batching.serve_many(group, requests)
             logger = self._loggers.get(name)
             if logger is not None:
                 for data, result in zip(requests, results):
@@ -293,19 +281,6 @@ def _log_answered(logger: PredictionLogger, name: str, data: bytes | memoryview,
     logger.submit(pending)
 
 
-def _serve_batched(group, data: bytes | memoryview, batcher: Batcher, deadline: float | None) -> bytes:
-    """An untraced wire request of a batching model: the group's native batching queue, or the
-    Python batcher around the native codec for what that queue does not take."""
-    out = group.serve_batched(data, deadline)  # the engine's own queue, if it has one
-    if out is not None:
-        if isinstance(out, str):
-            raise batcher.refusal(out)
-        return out
-    wire = group.codec
-    feeds, keys, aliases = wire.decode(data)
-    return wire.encode(keys, batcher.run(group, feeds, aliases, deadline))
-
-
 def _check_call(model: str, group, version: int | None, signature_name: str):
     """The version and signature name a call asks for, against the group that will run it: the
     group serving that signature (:meth:`~processor.engine.session_group.SessionGroup.for_signature`)."""
@@ -314,13 +289,13 @@ def _check_call(model: str, group, version: int | None, signature_name: str):
     return group.for_signature(signature_name) if signature_name else group
 
 
-def _run(group, decoded: codec.DecodedRequest, batcher: Batcher | None = None,
+def _run(group, decoded: codec.DecodedRequest, batching: ModelBatching | None = None,
          deadline: float | None = None, rec: TraceRecorder | None = None) -> dict[str, np.ndarray]:
-    """Run a decoded request, merged by ``batcher`` when there is one, traced into ``rec`` when
-    given; its outputs by response key."""
+    """Run a decoded request, merged by the model's reference batcher when it batches, traced
+    into ``rec`` when given; its outputs by response key."""
     aliases = tuple(alias for _, alias in decoded.fetches)
-    if batcher is not None:
-        arrays = batcher.run(group, decoded.feeds, aliases, deadline, rec)
+    if batching is not None:
+        arrays = batching.batcher.run(group, decoded.feeds, aliases, deadline, rec)
     elif rec is not None:
         rec.lane, arrays, rec.engine = group.run_traced(decoded.feeds, aliases)
     else:
@@ -336,10 +311,3 @@ def _untimed(name: str):
 def _check_deadline(name: str, deadline: float) -> None:
     if time.monotonic() >= deadline:
         raise DeadlineExceeded(f"model {name!r}: the request's deadline passed before it ran")
-
-
-def _result(fn: Callable[..., bytes], *args: Any) -> bytes | ProcessorError:
-    try:
-        return fn(*args)
-    except Exception as exc:
-        return as_processor_error(exc)

@@ -140,6 +140,87 @@ class DeploymentConfig(BaseModel):
     json_decode_memory_bytes: int = Field(1 << 30, ge=0, le=2**50)
     # --- end of TF Serving REST JSON decoding --------------------------------------------------
 
+    # --- TLS (issue 31; loaded and checked by server/tls.py, README "TLS") ----------------------
+    # PEM certificate chain (leaf first) and its private key (a file, or the name of an
+    # environment variable holding the PEM); with them the http_port and grpc_port speak TLS
+    tls_cert_file: str | None = Field(None, min_length=1)
+    tls_key_file: str | None = Field(None, min_length=1)
+    tls_key_env: str | None = Field(None, min_length=1)
+    # PEM CA bundle client certificates are verified against; with tls_require_client_cert a
+    # client without a valid one is refused in the handshake (mutual TLS)
+    tls_client_ca_file: str | None = Field(None, min_length=1)
+    tls_require_client_cert: bool = False
+    tls_min_version: Literal["1.2", "1.3"] = "1.2"
+    # the files are re-read when they change on disk (new handshakes get the new certificate,
+    # open connections stay); 0: never
+    tls_reload_interval_seconds: float = Field(10.0, ge=0, le=86400)
+    # per server: false keeps that server on plaintext while the other speaks TLS
+    http_tls: bool = True
+    grpc_tls: bool = True
+    # extra plaintext listeners next to the TLS ones (a migration path), and a plaintext port
+    # serving only the probes and /metrics (the kubelet, Prometheus); null: none, 0: a free port
+    http_plaintext_port: int | None = Field(None, ge=0, le=65535)
+    grpc_plaintext_port: int | None = Field(None, ge=0, le=65535)
+    health_port: int | None = Field(None, ge=0, le=65535)
+    # admin endpoints also accept an HTTPS client whose certificate verifies against
+    # tls_client_ca_file (its subject CN or a DNS/URI SAN in admin_client_cert_names; empty: any)
+    admin_client_cert: bool = False
+    admin_client_cert_names: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _tls(self) -> DeploymentConfig:
+        if self.tls_key_file and self.tls_key_env:
+            raise ValueError("tls_key_file: give tls_key_file or tls_key_env, not both")
+        has_key = bool(self.tls_key_file or self.tls_key_env)
+        if bool(self.tls_cert_file) != has_key:
+            missing = "tls_key_file" if self.tls_cert_file else "tls_cert_file"
+            raise ValueError(f"{missing}: TLS needs both tls_cert_file and tls_key_file (or tls_key_env)")
+        tls = self.tls_enabled
+        for key in ("tls_client_ca_file", "http_plaintext_port", "grpc_plaintext_port"):
+            if getattr(self, key) is not None and not tls:
+                raise ValueError(f"{key}: set only with TLS (tls_cert_file and tls_key_file)")
+        if self.tls_require_client_cert and not self.tls_client_ca_file:
+            raise ValueError("tls_require_client_cert: needs tls_client_ca_file (the CA that signs "
+                             "client certificates)")
+        if self.http_plaintext_port is not None and not self.http_tls_on:
+            raise ValueError("http_plaintext_port: the HTTP server is not on TLS (http_port null or "
+                             "http_tls false); http_port is plaintext already")
+        if self.grpc_plaintext_port is not None and not self.grpc_tls_on:
+            raise ValueError("grpc_plaintext_port: the gRPC server is not on TLS (grpc_port null or "
+                             "grpc_tls false); grpc_port is plaintext already")
+        if self.tls_min_version == "1.3" and self.grpc_tls_on:
+            raise ValueError("tls_min_version: 1.3 is enforced on HTTPS only; grpcio has no setting "
+                             "for it (gRPC negotiates 1.2 or 1.3); set grpc_tls false or use 1.2")
+        if self.admin_client_cert_names and not self.admin_client_cert:
+            raise ValueError("admin_client_cert_names: set admin_client_cert true to use it")
+        if self.admin_client_cert and not (self.http_tls_on and self.tls_client_ca_file):
+            raise ValueError("admin_client_cert: needs HTTPS with client certificates (tls_cert_file, "
+                             "tls_key_file, tls_client_ca_file, http_tls)")
+        ports = [(k, getattr(self, k)) for k in ("http_port", "grpc_port", "http_plaintext_port",
+                                                  "grpc_plaintext_port", "health_port")]
+        used: dict[int, str] = {}
+        for key, port in ports:
+            if port:  # 0 picks a free port each
+                if port in used:
+                    raise ValueError(f"{key}: port {port} is also {used[port]}")
+                used[port] = key
+        return self
+
+    @property
+    def tls_enabled(self) -> bool:
+        return self.tls_cert_file is not None
+
+    @property
+    def http_tls_on(self) -> bool:
+        """The http_port speaks TLS."""
+        return self.tls_enabled and self.http_tls and self.http_port is not None
+
+    @property
+    def grpc_tls_on(self) -> bool:
+        """The grpc_port speaks TLS."""
+        return self.tls_enabled and self.grpc_tls and self.grpc_port is not None
+    # --- end of TLS ------------------------------------------------------------------------------
+
     @model_validator(mode="after")
     def _checks(self) -> DeploymentConfig:
         seen: set[str] = set()

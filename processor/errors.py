@@ -138,6 +138,15 @@ def as_processor_error(exc: BaseException) -> ProcessorError:
     return err
 
 
+def result_or_error(fn, *args):
+    """``fn(*args)``, or the exception it raised as :func:`as_processor_error` gives it: for calls
+    that answer many requests, one result or error each."""
+    try:
+        return fn(*args)
+    except Exception as exc:
+        return as_processor_error(exc)
+
+
 _LOGGED = "_processor_edge_logged"  # set on an exception whose traceback an edge has logged
 
 

@@ -99,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         deployment = load_deployment(args)
         if args.check:
+            if deployment.tls_enabled:  # the files too: unreadable, key mismatch, expired
+                from .tls import load_material
+
+                load_material(deployment)
             print(json.dumps(deployment.redacted(), indent=2))
             return 0
         deployment.resolved_admin_token()  # a named variable that is unset fails here

@@ -3,7 +3,9 @@
 ``ServingApp(deployment).run()`` (what ``python -m server`` calls), in the main thread:
 
 1. binds the ports (0 picks a free one; the bound ports are printed and, with ``ports_file``,
-   written as JSON ``{"http": port, "grpc": port}``), starts gRPC and uvicorn at once;
+   written as JSON ``{"http": port, "grpc": port}``), starts gRPC and uvicorn at once; with TLS
+   (server/tls.py) the certificate files are checked first, and the extra listeners
+   (``http_plaintext_port``, ``grpc_plaintext_port``, ``health_port``) start alongside;
 2. loads every model on background threads (readiness stays 503 until all are loaded; a model
    that fails is reported unready while the others serve);
 3. on SIGTERM or SIGINT: readiness and gRPC health turn NOT_SERVING, new requests are refused
@@ -46,9 +48,19 @@ class ServingApp:
         self.announce = announce or (lambda line: print(line, flush=True))
         self.http_port: int | None = None
         self.grpc_port: int | None = None
+        # TLS (issue 31): the extra plaintext listeners, bound ports or None
+        self.http_plaintext_port: int | None = None
+        self.grpc_plaintext_port: int | None = None
+        self.health_port: int | None = None
+        self.tls = None
+        if deployment.tls_enabled:  # the files are checked now: ConfigError before any port opens
+            from .tls import TlsCertificates
+
+            self.tls = TlsCertificates(deployment)
         self._grpc = None
         self._health = None
-        self._uvicorn = None
+        self._uvicorns: list = []
+        self._asgi = None
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.started = threading.Event()  # set once the ports are bound and serving
@@ -78,35 +90,61 @@ class ServingApp:
                 loop.add_signal_handler(sig, self._on_signal, sig)
 
         if dep.grpc_port is not None:
-            from .grpc.server import create_grpc_server
+            from .grpc.server import add_grpc_port, create_grpc_server
 
-            self._grpc, self.grpc_port, self._health = create_grpc_server(self.runtime, dep.host, dep.grpc_port)
+            credentials = None
+            if dep.grpc_tls_on:
+                from .tls import grpc_server_credentials
+
+                credentials = grpc_server_credentials(self.tls)
+            self._grpc, self.grpc_port, self._health = create_grpc_server(
+                self.runtime, dep.host, dep.grpc_port, credentials)
+            if dep.grpc_plaintext_port is not None:
+                self.grpc_plaintext_port = add_grpc_port(self._grpc, dep.host, dep.grpc_plaintext_port)
             self._grpc.start()
-        http_task = None
-        if dep.http_port is not None:
-            sock = _bind(dep.host, dep.http_port)
-            self.http_port = sock.getsockname()[1]
-            self._uvicorn = self._make_uvicorn()
-            http_task = asyncio.create_task(self._uvicorn.serve(sockets=[sock]))
-            while not self._uvicorn.started and not http_task.done():
+        http_tasks = []
+        for attr, port, tls, probes in self._http_listeners():
+            sock = _bind(dep.host, port)
+            setattr(self, attr, sock.getsockname()[1])
+            server = self._make_uvicorn(tls, probes)
+            self._uvicorns.append(server)
+            task = asyncio.create_task(server.serve(sockets=[sock]))
+            http_tasks.append(task)
+            while not server.started and not task.done():
                 await asyncio.sleep(0.02)
-            if http_task.done():
-                http_task.result()  # raises the startup error
+            if task.done():
+                task.result()  # raises the startup error
+        if self.tls is not None:
+            self.tls.start()
         self._write_ports()
         self.runtime.start_models()
         self.started.set()
 
         await self._stop.wait()
         await self._drain()
-        if http_task is not None:
-            self._uvicorn.should_exit = True
+        for server, task in zip(self._uvicorns, http_tasks):
+            server.should_exit = True
             with contextlib.suppress(asyncio.CancelledError):
-                await http_task
+                await task
+        if self.tls is not None:
+            self.tls.stop()
         self.runtime.close()
         log.info("stopped", extra={"exit_code": self.exit_code})
         return self.exit_code
 
-    def _make_uvicorn(self):
+    def _http_listeners(self) -> list[tuple[str, int, bool, bool]]:
+        """(attribute for the bound port, port, TLS, probes only) per HTTP listener."""
+        dep = self.deployment
+        out = []
+        if dep.http_port is not None:
+            out.append(("http_port", dep.http_port, dep.http_tls_on, False))
+        if dep.http_plaintext_port is not None:
+            out.append(("http_plaintext_port", dep.http_plaintext_port, False, False))
+        if dep.health_port is not None:
+            out.append(("health_port", dep.health_port, False, True))
+        return out
+
+    def _make_uvicorn(self, tls: bool = False, probes: bool = False):
         import uvicorn
 
         from .http.app import create_http_app
@@ -122,23 +160,46 @@ class ServingApp:
                 pass
 
         dep = self.deployment
+        if self._asgi is None:  # one application behind every listener
+            self._asgi = create_http_app(self.runtime)
+        app = self._asgi
+        if probes:
+            from .http.health_port import probes_only
+
+            app = probes_only(app)
         # the protocol enforces the header, read-timeout and connection limits (http/protocol.py)
         config = uvicorn.Config(
-            create_http_app(self.runtime), log_config=None, access_log=False, lifespan="off",
+            app, log_config=None, access_log=False, lifespan="off",
             timeout_keep_alive=dep.keep_alive_timeout_seconds,
             timeout_graceful_shutdown=max(1, int(dep.drain_timeout_seconds)),
             server_header=False, http=limited_protocol(dep), ws="none", proxy_headers=False)
+        if tls:  # our context (it follows certificate reloads), set where uvicorn keeps its own
+            from .tls import HttpsContext
+
+            config.load()
+            config.ssl = HttpsContext(self.tls).context
         return _Server(config)
 
     def _write_ports(self) -> None:
         host = "127.0.0.1" if self.deployment.host in ("0.0.0.0", "::") else self.deployment.host
+        dep = self.deployment
         if self.http_port is not None:
-            self.announce(f"HTTP  http://{host}:{self.http_port}  (docs: /docs, metrics: /metrics)")
+            scheme = "https" if dep.http_tls_on else "http"
+            self.announce(f"HTTP  {scheme}://{host}:{self.http_port}  (docs: /docs, metrics: /metrics)")
         if self.grpc_port is not None:
-            self.announce(f"gRPC  {host}:{self.grpc_port}")
+            self.announce(f"gRPC  {host}:{self.grpc_port}{'  (TLS)' if dep.grpc_tls_on else ''}")
+        for name, port in (("HTTP plaintext", self.http_plaintext_port),
+                           ("gRPC plaintext", self.grpc_plaintext_port), ("health", self.health_port)):
+            if port is not None:
+                self.announce(f"{name}  {host}:{port}")
         if self.ports_file is not None:
             tmp = self.ports_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"http": self.http_port, "grpc": self.grpc_port, "pid": os.getpid()}))
+            ports = {"http": self.http_port, "grpc": self.grpc_port, "pid": os.getpid()}
+            for key, port in (("http_plaintext", self.http_plaintext_port),
+                              ("grpc_plaintext", self.grpc_plaintext_port), ("health", self.health_port)):
+                if port is not None:
+                    ports[key] = port
+            tmp.write_text(json.dumps(ports))
             tmp.replace(self.ports_file)
 
     # --- shutdown ---------------------------------------------------------------------------
@@ -174,8 +235,8 @@ class ServingApp:
             log.warning("drain timeout (%.1f s): %d request(s) still running are cut off",
                         timeout, rt.gate.in_flight)
             self.exit_code = 1
-        if self._uvicorn is not None:  # what uvicorn may still wait for on its own
-            self._uvicorn.config.timeout_graceful_shutdown = 1 if drained else 0
+        for server in self._uvicorns:  # what uvicorn may still wait for on its own
+            server.config.timeout_graceful_shutdown = 1 if drained else 0
         if self._grpc is not None:
             grace = 0.5 if drained else 0
             await asyncio.get_running_loop().run_in_executor(None, lambda: self._grpc.stop(grace).wait(5))

@@ -4,7 +4,7 @@
 on free ports (``--http-port 0 --grpc-port 0``), reads the bound ports from ``--ports-file`` and
 waits until every model has finished loading (loaded or failed). ``stop()`` sends SIGTERM and
 waits for the exit; the child is killed if it outlives the timeout. Logs go to
-``workdir/server.log``.
+``workdir/server.log``. With ``ssl_context`` (a client context) its own requests use HTTPS.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -26,10 +27,12 @@ class ServerProcess:
     """See the module doc."""
 
     def __init__(self, deployment: dict[str, Any], workdir: str | os.PathLike,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, ssl_context: ssl.SSLContext | None = None) -> None:
         self.deployment = dict(deployment)
         self.workdir = Path(workdir)
         self.env = env or {}
+        self.ssl_context = ssl_context  # the client side when the HTTP port speaks TLS
+        self.ports: dict[str, int] = {}  # every bound port, as the ports file names them
         self.proc: subprocess.Popen | None = None
         self.http_port: int | None = None
         self.grpc_port: int | None = None
@@ -37,7 +40,7 @@ class ServerProcess:
 
     @property
     def http(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
+        return f"{'https' if self.ssl_context else 'http'}://127.0.0.1:{self.http_port}"
 
     @property
     def grpc_target(self) -> str:
@@ -63,7 +66,7 @@ class ServerProcess:
                 self.kill()
                 raise TimeoutError(f"server did not bind its ports in {timeout} s; see {self.log_path}")
             time.sleep(0.05)
-        bound = json.loads(ports.read_text())
+        bound = self.ports = json.loads(ports.read_text())
         self.http_port, self.grpc_port = bound["http"], bound["grpc"]
         if wait_models:
             self.wait_models(max(1.0, deadline - time.monotonic()))
@@ -82,7 +85,7 @@ class ServerProcess:
             time.sleep(0.1)
 
     def get_json(self, path: str) -> Any:
-        with urllib.request.urlopen(self.http + path, timeout=10) as resp:
+        with urllib.request.urlopen(self.http + path, timeout=10, context=self.ssl_context) as resp:
             return json.loads(resp.read())
 
     def _check_alive(self) -> None:

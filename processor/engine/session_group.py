@@ -18,8 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from ..batching import native_queue
-from ..batching.settings import BatchingConfig
 from ..checkpoint.delta import Delta
 from ..config import ModelConfig
 from ..errors import ConfigError
@@ -38,7 +36,7 @@ class SessionGroup:
     """Lanes over one backend, plus the version they serve. See the module doc."""
 
     def __init__(self, backend: Backend, policy: str, version: ModelVersion, load_seconds: float,
-                 batching: BatchingConfig | None = None) -> None:
+                 batching=None) -> None:
         self.backend = backend
         self.signature: Signature = backend.signature  # fixed for the group's life (read per request)
         # every signature the backend serves, by name (the default one included)
@@ -51,8 +49,9 @@ class SessionGroup:
         self._gate = UpdateGate()
         self.codec = WireCodec(backend.signature, backend.fingerprinted_inputs)
         self._wire_server = backend.wire_server(self.codec)
-        # The native batching queue (closed before the backend), if batching is on and it can serve.
-        self._batch_server = native_queue.open_queue(backend, self.codec, batching) if batching is not None else None
+        # This version's native batching queue (closed before the backend), on the model's row
+        # budget, when the model batches (``batching``: its ModelBatching) and the queue can serve.
+        self.batch_queue = batching.open_queue(backend, self.codec) if batching is not None else None
 
     @property
     def lanes(self) -> int:
@@ -109,25 +108,17 @@ class SessionGroup:
         feeds, keys, aliases = codec.decode(data)
         return codec.encode(keys, self.run(feeds, aliases))
 
-    def serve_batched(self, data: bytes | memoryview, deadline: float | None) -> bytes | str | None:
-        """The native batching queue (:mod:`processor.batching.native_queue`): PredictResponse
-        bytes; None for a request it does not take (or no queue: batch it through the Python
-        batcher); or why it was refused: ``"full"``, ``"closed"``, ``"expired"``. Requests in one
-        merged run share this group's version: each caller holds the update gate until its
-        answer, so a delta waits for the whole batch."""
-        server = self._batch_server
-        if server is None:
-            return None
-        gate = self._gate
-        gate.enter_shared()
-        try:
-            return server.serve(data, deadline or 0.0)
-        finally:
-            gate.exit_shared()
+    @property
+    def gate(self) -> UpdateGate:
+        """The update gate. Callers of :attr:`batch_queue` (see
+        :mod:`processor.batching.model_batching`) hold it shared from their first submit until
+        their last ticket is answered, so a delta waits for their batches (the queue's runner
+        calls the backend without entering it)."""
+        return self._gate
 
     def batch_stats(self) -> dict[str, Any] | None:
         """The native queue's counters (added into :class:`BatchStats`' snapshot), or None."""
-        return self._batch_server.stats() if self._batch_server is not None else None
+        return self.batch_queue.stats() if self.batch_queue is not None else None
 
     def serve_on(self, lane: int, data: bytes) -> bytes | None:
         """The whole-request native path on a given lane (warmup); None where there is none."""
@@ -177,17 +168,19 @@ class SessionGroup:
         }
 
     def close(self) -> None:
-        if self._batch_server is not None:
-            self._batch_server.close()  # no request is left (they hold the handle); stops its threads
-            self._batch_server = None
+        if self.batch_queue is not None:
+            self.batch_queue.close()  # no request is left (they hold the handle); stops its threads
+            self.batch_queue = None
         self.backend.close()
 
 
-def open_session_group(config: ModelConfig, version: ModelVersion, features=None) -> SessionGroup:
+def open_session_group(config: ModelConfig, version: ModelVersion, features=None, batching=None) -> SessionGroup:
     """Load ``version`` into a new SessionGroup with the engine the config names.
 
     ``features``: the model's :class:`~processor.features.FeatureStore` when its embeddings are
     served from one (TensorFlow only); the group opens ``version``'s tables in it.
+    ``batching``: the model's :class:`~processor.batching.model_batching.ModelBatching`, through
+    which the group opens its native batching queue (None: no queue).
 
     The engine is ``config.backend``, or with ``auto`` ONNX Runtime when ``savedmodel_dir`` holds a
     ``.onnx`` model and TensorFlow otherwise. Raises ProcessorError (ConfigError for settings this
@@ -219,4 +212,4 @@ def open_session_group(config: ModelConfig, version: ModelVersion, features=None
         plan = device_plan.plan_for(config, engine)
         backend = TensorFlowBackend(config, version, lanes=len(plan.lanes), devices=plan, features=features)
     return SessionGroup(backend, config.select_session_policy, version, time.monotonic() - started,
-                        config.batching)
+                        batching)

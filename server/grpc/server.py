@@ -254,8 +254,10 @@ class Health:
             self.servicer.enter_graceful_shutdown()
 
 
-def create_grpc_server(rt: ServingRuntime, host: str, port: int) -> tuple[grpc.Server, int, Health]:
-    """A started-later grpc.Server bound to ``host:port`` (0: a free port); returns the port."""
+def create_grpc_server(rt: ServingRuntime, host: str, port: int,
+                       credentials: grpc.ServerCredentials | None = None) -> tuple[grpc.Server, int, Health]:
+    """A started-later grpc.Server bound to ``host:port`` (0: a free port); returns the port.
+    With ``credentials`` (server/tls.py) the port speaks TLS."""
     dep = rt.deployment
     workers = dep.grpc_max_workers or max(4, sum(e.threads for e in dep.models) + 2)
     server = grpc.server(
@@ -265,10 +267,20 @@ def create_grpc_server(rt: ServingRuntime, host: str, port: int) -> tuple[grpc.S
         maximum_concurrent_rpcs=dep.grpc_max_concurrent_rpcs,
     )
     health = Health(rt, server)
-    bound = server.add_insecure_port(f"{_grpc_host(host)}:{port}")
+    return server, add_grpc_port(server, host, port, credentials), health
+
+
+def add_grpc_port(server: grpc.Server, host: str, port: int,
+                  credentials: grpc.ServerCredentials | None = None) -> int:
+    """Bind one more port (TLS with ``credentials``, else plaintext); returns the bound port."""
+    address = f"{_grpc_host(host)}:{port}"
+    if credentials is None:
+        bound = server.add_insecure_port(address)
+    else:
+        bound = server.add_secure_port(address, credentials)
     if bound == 0:
         raise OSError(f"cannot bind the gRPC port {host}:{port}")
-    return server, bound, health
+    return bound
 
 
 def grpc_options(dep) -> list[tuple[str, int]]:

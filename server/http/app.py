@@ -14,8 +14,10 @@ Endpoints (OpenAPI at ``/docs`` and ``/openapi.json``):
 * Admin: ``POST /admin/models/{model}/reload``, ``POST /admin/models/{model}/rollback``,
   ``PUT|DELETE /admin/models/{model}/pin``. They need the admin token (``Authorization: Bearer``
   or ``X-Admin-Token``, compared in constant time); with no token configured they answer 403,
-  unless ``admin_allow_without_token`` is set on a loopback-only host. Every admin call is
-  logged with the caller's address.
+  unless ``admin_allow_without_token`` is set on a loopback-only host. With ``admin_client_cert``
+  an HTTPS client whose certificate the client CA verified is let in without the token
+  (``admin_client_cert_names`` narrows it to named certificates). Every admin call is logged
+  with the caller's address.
 
 Every error is ``{"error": "<message>"}`` with the HTTP status of ``STATUS_TABLE`` (OpenAPI lists
 them per route); a 405 carries ``Allow``. Model work runs on the model's thread pool, never on the
@@ -249,11 +251,14 @@ def create_http_app(rt: ServingRuntime) -> Any:
 
     # --- admin -------------------------------------------------------------------------------
 
-    gate = AdminGate(rt.admin_token, dep.admin_allow_without_token)
+    gate = AdminGate(rt.admin_token, dep.admin_allow_without_token,
+                     dep.admin_client_cert_names if dep.admin_client_cert else None)
 
     async def admin(request: Request, model: str, action: str, fn: Callable[[str], dict]) -> Response:
         caller = _caller(request)
-        denied = gate.check(request.headers.get("authorization", ""), request.headers.get("x-admin-token", ""))
+        tls = request.scope.get("extensions", {}).get("tls", {})  # server/http/protocol.py
+        denied = gate.check(request.headers.get("authorization", ""), request.headers.get("x-admin-token", ""),
+                            tls.get("client_cert_names"))
         if denied is not None:
             status, message = denied
             log.warning("admin %s of %s by %s refused (%d): %s", action, model, caller, status, message,
@@ -304,17 +309,31 @@ class AdminGate:
     constant-time comparison, so neither the content nor the length of the token leaks through
     timing. Without a token: 403 for everyone, unless ``allow_without_token`` (which the
     deployment allows only on a loopback host).
+
+    ``cert_names`` (``admin_client_cert``): a request over a connection with a verified client
+    certificate is allowed without the token when the certificate names one of them (an empty
+    tuple: any certificate the client CA signed); None: certificates do not count.
     """
 
-    def __init__(self, token: str | None, allow_without_token: bool = False) -> None:
+    def __init__(self, token: str | None, allow_without_token: bool = False,
+                 cert_names: tuple[str, ...] | None = None) -> None:
         self._digest = hashlib.sha256(token.encode()).digest() if token else None
         self.allow_without_token = allow_without_token
+        self.cert_names = cert_names
 
-    def check(self, authorization: str, x_admin_token: str = "") -> tuple[int, str] | None:
+    def check(self, authorization: str, x_admin_token: str = "",
+              client_cert_names: tuple[str, ...] | None = None) -> tuple[int, str] | None:
         """None when allowed, else (HTTP status, message)."""
+        if self.cert_names is not None and client_cert_names is not None:
+            if not self.cert_names or set(client_cert_names) & set(self.cert_names):
+                return None
         if self._digest is None:
             if self.allow_without_token:
                 return None
+            if self.cert_names is not None:
+                return 403, ("admin endpoints need a client certificate "
+                             + ("naming one of admin_client_cert_names" if self.cert_names else
+                                "signed by tls_client_ca_file") + " (admin_client_cert)")
             return 403, ("admin endpoints are disabled: no admin token is configured (set admin_token_env "
                          "in the deployment config, or admin_allow_without_token on a loopback-only host)")
         given = x_admin_token or ""

@@ -14,6 +14,9 @@ the server runs (``uvicorn.Config(http=...)``); per connection it enforces:
   is closed;
 * bytes that are not HTTP/1.1: ``400`` (uvicorn answers these in plain text).
 
+On a TLS connection whose client presented a verified certificate, each request's scope carries
+``extensions["tls"]["client_cert_names"]`` (its subject CN and DNS/URI SANs) for the admin gate.
+
 Every refusal is ``{"error": message}`` with ``Connection: close``; the connection then reads
 and drops what the client still sends for a short while (a "lingering close", as nginx does), so
 the client reads the answer instead of a reset. Nothing here touches the request path otherwise.
@@ -27,6 +30,8 @@ from typing import Any
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from ..tls import client_identity
 
 log = logging.getLogger("server.http")
 
@@ -87,11 +92,15 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._refused = False
         self._lingered = 0
         self._over_cap = False
+        self._tls_scope = None  # {"client_cert_names": (...)} for a verified client certificate
 
     # --- connection --------------------------------------------------------------------------
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        names = client_identity(transport)  # once per connection: the handshake is over by now
+        if names is not None:
+            self._tls_scope = {"tls": {"client_cert_names": names}}
         if len(self.connections) > self.max_connections:
             self._over_cap = True  # its request gets 503 (a response needs the request first)
         # a connection that never sends a byte is closed like an idle keep-alive one
@@ -137,6 +146,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        if self._tls_scope is not None:  # ASGI's "extensions"; the admin gate reads it
+            self.scope["extensions"] = self._tls_scope
         self._messages += 1
         self._in_headers = True
         self._header_bytes = self._partial_bytes = self._header_count = 0
