@@ -2,15 +2,19 @@
 
     .venv/bin/python -m benchmarks.bench_features [--rows 500000] [--seconds 3] [--memory-keys 10000000]
 
-1. Lookup of a batch of 4,096 ids (Zipf-like: a few hot ids, a long tail; 2 % unknown ids) in one
-   64-dim table of ``--rows`` rows: ids/s and p99 per batch for the DRAM store, DRAM+SSD with a
-   DRAM budget of a quarter of the table, one redis-server, a 3-node Redis Cluster (servers on
-   127.0.0.1, started and stopped here). One calling thread; a batch = one ``lookup`` call.
+1. Lookup of a batch of 4,096 ids (ranks drawn Zipf, s = 1.1: a few hot ids, a long tail; 2 %
+   unknown ids) in one 64-dim table of ``--rows`` rows: ids/s and p99 per batch for the DRAM
+   store (float32 and float16 rows), DRAM+SSD with a DRAM budget of a quarter of the table, one
+   redis-server and a 3-node Redis Cluster, each without and with the hot-row cache (servers on
+   127.0.0.1, started and stopped here); Redis ``used_memory`` of the table in float32 and in
+   float16. One calling thread; a batch = one ``lookup`` call.
 2. Memory per key of the DRAM store for ``--memory-keys`` keys x 64 dims: bytes the arrays hold
    and the growth of the process RSS, minus the 256 bytes of floats per key.
 3. End-to-end: the demo CTR model (small preset, 26 tables) through ``Processor.process`` with the
-   tables in TensorFlow variables, the DRAM store, Redis and Redis Cluster: requests/s and
-   latency for batches of 256 from 2 threads.
+   tables in TensorFlow variables, the DRAM store, Redis and Redis Cluster (hot-row cache on, the
+   default; Redis also with it off): requests/s, latency and the ratio to TensorFlow variables
+   for batches of 256 from 2 threads, 64 different requests in turn (the demo's ids are
+   Zipf-like, s ~ 1); the cache's hit rate; every case's answers allclose to TensorFlow's.
 
 Writes benchmarks/results/features.json and .md. Timings are this machine's (2 cores shared by the
 Python client and the Redis servers): compare rows of one run, not runs of different machines.
@@ -61,7 +65,7 @@ def _batches(keys: np.ndarray, count: int, seed: int) -> list[np.ndarray]:
     n = len(keys)
     out = []
     for _ in range(count):
-        ranks = np.floor(np.exp(rng.random(BATCH) * np.log(n))).astype(np.int64) - 1  # log-uniform
+        ranks = np.minimum(rng.zipf(1.1, BATCH), n) - 1  # Zipf, s = 1.1
         batch = keys[ranks]
         unknown = rng.random(BATCH) < 0.02
         batch[unknown] = rng.integers(2**62, 2**63 - 1, int(unknown.sum()))
@@ -79,11 +83,11 @@ def bench_lookups(rows: int, seconds: float) -> dict:
     index = {int(k): i for i, k in enumerate(keys[:1000].tolist())}
     results = {}
 
-    def measure(label: str, lookup, extra=None) -> None:
+    def measure(label: str, lookup, extra=None, stored=values) -> None:
         got = lookup(batches[0])
         for j, k in enumerate(batches[0][:200].tolist()):  # spot check: the rows are right
             if k in index:
-                assert np.array_equal(got[j], values[index[k]]), label
+                assert np.array_equal(got[j], stored[index[k]]), label
         r = run_threads(lambda i, c=[0]: lookup(batches[(c.__setitem__(0, c[0] + 1) or c[0]) % len(batches)]),
                         threads=1, seconds=seconds, warmup_calls=5)
         results[label] = {"ids_per_s": r["calls_per_s"] * BATCH, "batches_per_s": r["calls_per_s"],
@@ -102,6 +106,13 @@ def bench_lookups(rows: int, seconds: float) -> dict:
     vt = DramStore().open_version("v1", {name: spec}, src)
     measure("dram", lambda b: vt.lookup([(name, b)])[0])
     vt.release()
+    half = TableSpec(name, DIM, "raw", rows, dtype="float16")
+    vt = DramStore("float16").open_version("v1", {name: half}, src)
+    measure("dram, float16 rows", lambda b: vt.lookup([(name, b)])[0],
+            lambda: {"max_abs_diff": vt.tables[name].narrowing.max_abs_diff,
+                     "values_bytes": vt.tables[name].nbytes()["values"], "float32_bytes": int(values.nbytes)},
+            stored=values.astype(np.float16).astype(np.float32))
+    vt.release()
     # DRAM + SSD, a quarter of the table in DRAM
     with tempfile.TemporaryDirectory(prefix="bench-ssd-") as root:
         store = TieredStore(root, dram_bytes=values.nbytes // 4)
@@ -116,25 +127,47 @@ def bench_lookups(rows: int, seconds: float) -> dict:
         measure("dram_ssd (DRAM = 1/4 of the table)", lambda b: vt.lookup([(name, b)])[0], hit_rate)
         vt.release()
         store.close()
-    # Redis, one node and a cluster
+    # Redis, one node and a cluster, without and with the hot-row cache
+    redis_memory = {}
     for label, make in (("redis (1 node)", lambda: LocalRedis()), ("redis cluster (3 nodes)", lambda: LocalRedisCluster(3))):
         server = make()
         try:
             cluster = isinstance(server, LocalRedisCluster)
-            nodes = RedisNodes(parse_redis_url(server.url, cluster=cluster), None, 4, 2, cluster)
-            store = RedisStore("cluster_redis" if cluster else "redis", nodes, "bench", 600, 2)
-            nodes.refresh()
-            started = time.perf_counter()
-            vt = store.open_version("v1", {name: spec}, src)
-            load_s = time.perf_counter() - started
-            measure(label, lambda b: vt.lookup([(name, b)])[0],
-                    lambda: {"load_rows_per_s": rows / load_s, "commands_per_batch":
-                             vt.stats.extra["redis_commands"] / max(1, vt.stats.lookups)})
+            for cache_bytes in (0, 256 << 20):
+                nodes = RedisNodes(parse_redis_url(server.url, cluster=cluster), None, 4, 2, cluster)
+                store = RedisStore("cluster_redis" if cluster else "redis", nodes, f"bench{cache_bytes}", 600, 2,
+                                   cache_bytes=cache_bytes)
+                nodes.refresh()
+                started = time.perf_counter()
+                vt = store.open_version("v1", {name: spec}, src)
+                load_s = time.perf_counter() - started
+
+                def extra(vt=vt, load_s=load_s):
+                    looked = vt.stats.as_dict()
+                    hits, misses = looked["cache_hits"], looked["cache_misses"]
+                    return {"load_rows_per_s": rows / load_s, "cache_hit_rate": hits / max(1, hits + misses),
+                            "commands_per_batch": vt.stats.extra["redis_commands"] / max(1, vt.stats.lookups)}
+
+                measure(label + (" + cache" if cache_bytes else ""), lambda b, vt=vt: vt.lookup([(name, b)])[0], extra)
+                store.close()
+        finally:
+            server.close()
+    for dtype in ("float32", "float16"):  # what the table takes in Redis
+        server = LocalRedis()
+        try:
+            before = int(server.cli("info", "memory").split("used_memory:")[1].split()[0])
+            nodes = RedisNodes(parse_redis_url(server.url), None, 4, 2, False)
+            store = RedisStore("redis", nodes, "mem", 600, 2, dtype=dtype)
+            store.open_version("v1", {name: TableSpec(name, DIM, "raw", rows, dtype=dtype)}, src)
+            after = int(server.cli("info", "memory").split("used_memory:")[1].split()[0])
+            redis_memory[dtype] = {"used_memory_bytes": after - before, "bytes_per_row": (after - before) / rows}
             store.close()
         finally:
             server.close()
-    return {"rows": rows, "dim": DIM, "batch": BATCH, "distribution": "log-uniform ranks, 2% unknown ids",
-            "stores": results}
+    print(f"  redis used_memory per row: float32 {redis_memory['float32']['bytes_per_row']:.0f} B, "
+          f"float16 {redis_memory['float16']['bytes_per_row']:.0f} B", flush=True)
+    return {"rows": rows, "dim": DIM, "batch": BATCH, "distribution": "Zipf ranks (s = 1.1), 2% unknown ids",
+            "stores": results, "redis_memory": redis_memory}
 
 
 def _malloc_trim() -> None:
@@ -191,7 +224,7 @@ def bench_end_to_end(seconds: float) -> dict:
 
     work = Path(tempfile.mkdtemp(prefix="bench-features-"))
     paths = build_ctr_model(work / "model", preset="small", versions=1)
-    request = codec.encode_request(synthetic_batch(256, 7))
+    requests = [codec.encode_request(synthetic_batch(256, 7 + i)) for i in range(64)]
     base = {"savedmodel_dir": str(paths.savedmodel_dir), "checkpoint_dir": str(paths.checkpoint_dir),
             "session_num": 2, "inter_op_parallelism_threads": 1, "intra_op_parallelism_threads": 1,
             "file_system_poll_wait_seconds": 0}
@@ -200,20 +233,35 @@ def bench_end_to_end(seconds: float) -> dict:
     redis, cluster = LocalRedis(), LocalRedisCluster(3)
     try:
         cases = [("tensorflow variables", {}), ("dram store", {"ev_storage_type": 1}),
-                 ("redis (1 node)", {"feature_store_type": "redis", "redis_url": redis.url}),
-                 ("redis cluster (3 nodes)", {"feature_store_type": "cluster_redis", "redis_url": cluster.url})]
+                 ("redis (1 node), no cache", {"feature_store_type": "redis", "redis_url": redis.url,
+                                               "redis_cache_bytes": 0}),
+                 ("redis (1 node) + cache", {"feature_store_type": "redis", "redis_url": redis.url}),
+                 ("redis cluster (3 nodes) + cache", {"feature_store_type": "cluster_redis", "redis_url": cluster.url})]
         for label, extra in cases:
-            p = Processor.create(label.split()[0], json.dumps({**base, **extra}))
+            p = Processor.create(label.split()[0] + str(len(out)), json.dumps({**base, **extra}))
             try:
-                status, body = p.process(request)
-                assert status == 200, body
-                logits = codec.decode_response(body)["logits"]
-                reference = logits if reference is None else reference
-                assert np.allclose(logits, reference, rtol=1e-5, atol=1e-6), label
-                r = run_threads(lambda i: p.process(request), threads=2, seconds=seconds)
+                answers = []
+                for request in requests[:8]:
+                    status, body = p.process(request)
+                    assert status == 200, body
+                    answers.append(codec.decode_response(body)["logits"])
+                reference = answers if reference is None else reference
+                for got, want in zip(answers, reference):
+                    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=label)
+                turn = [0, 0]
+                r = run_threads(lambda i: p.process(requests[(turn.__setitem__(i, turn[i] + 1) or turn[i]) % 64]),
+                                threads=2, seconds=seconds)
                 out[label] = {"requests_per_s": r["calls_per_s"], "p50_ms": r["p50_us"] / 1e3,
                               "p99_ms": r["p99_us"] / 1e3}
-                print(f"  e2e {label}: {r['calls_per_s']:.0f} req/s, p99 {r['p99_us'] / 1e3:.2f} ms", flush=True)
+                store = p.model_info()["session_group"].get("embedding", {}).get("store", {})
+                rate = store.get("lookups", {}).get("cache_hit_rate")
+                if rate is not None:
+                    out[label]["cache_hit_rate"] = rate
+                tf = out["tensorflow variables"]["requests_per_s"]
+                out[label]["vs_tensorflow_variables"] = r["calls_per_s"] / tf
+                print(f"  e2e {label}: {r['calls_per_s']:.0f} req/s ({r['calls_per_s'] / tf:.2f} of TF variables), "
+                      f"p99 {r['p99_us'] / 1e3:.2f} ms" + (f", cache hit rate {rate:.2f}" if rate is not None else ""),
+                      flush=True)
             finally:
                 p.close()
     finally:
@@ -241,19 +289,29 @@ def main() -> None:
     for label, r in lookups["stores"].items():
         notes = []
         if "cache_hit_rate" in r:
-            notes.append(f"DRAM cache hit rate {r['cache_hit_rate']:.2f}")
+            notes.append(f"cache hit rate {r['cache_hit_rate']:.2f}")
+        if "max_abs_diff" in r:
+            notes.append(f"values {r['values_bytes'] / 2**20:.0f} MiB (float32 {r['float32_bytes'] / 2**20:.0f} MiB), "
+                         f"max abs diff {r['max_abs_diff']:.1e}")
         if "commands_per_batch" in r:
             notes.append(f"{r['commands_per_batch']:.0f} HMGET per batch, load {r['load_rows_per_s'] / 1e3:.0f}k rows/s")
         lines.append(f"| {label} | {r['ids_per_s'] / 1e6:.2f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {'; '.join(notes)} |")
-    lines += ["", f"DRAM store memory, {memory['keys']:,} keys x {DIM} dims: "
+    mem = lookups["redis_memory"]
+    lines += ["", f"Redis used_memory of the table: float32 {mem['float32']['bytes_per_row']:.0f} bytes/row, "
+              f"float16 {mem['float16']['bytes_per_row']:.0f} bytes/row (the field and hash overhead stay).",
+              "", f"DRAM store memory, {memory['keys']:,} keys x {DIM} dims: "
               f"{memory['overhead_bytes_per_key_arrays']:.2f} bytes/key beyond the floats in its arrays, "
               f"{memory['overhead_bytes_per_key_rss']:.2f} bytes/key by RSS growth "
               f"(+8 bytes/key when freq/version metadata is kept); load {memory['load_seconds']} s, "
               f"a 4096-id lookup {memory['lookup_4096_ms_at_this_size']:.2f} ms.", "",
               f"End to end ({e2e['model']}, batch {e2e['batch']}, {e2e['threads']} threads):", "",
-              "| embeddings in | requests/s | p50 ms | p99 ms |", "|---|---|---|---|"]
+              "| embeddings in | requests/s | of TF variables | p50 ms | p99 ms | cache hit rate |",
+              "|---|---|---|---|---|---|"]
     for label, r in e2e["cases"].items():
-        lines.append(f"| {label} | {r['requests_per_s']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} |")
+        rate = f"{r['cache_hit_rate']:.2f}" if "cache_hit_rate" in r else ""
+        lines.append(f"| {label} | {r['requests_per_s']:.0f} | {r['vs_tensorflow_variables']:.2f} | "
+                     f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {rate} |")
+    lines += ["", "Timings from a machine shared with other work; compare rows of one run."]
     write_results("features", payload, "\n".join(lines))
 
 
