@@ -23,7 +23,7 @@ reported.
 from __future__ import annotations
 
 import ctypes
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ..errors import ConfigError
@@ -142,6 +142,12 @@ def cuda_options(device: LaneDevice) -> dict[str, str]:
         return {}
     return {"device_id": str(device.gpu), "arena_extend_strategy": "kSameAsRequested",
             "do_copy_in_default_stream": "1"}
+
+
+def cpu_side(device: LaneDevice) -> LaneDevice:
+    """The same lane on the CPU: where the embedding part of a split ONNX graph runs
+    (:mod:`processor.engine.onnx.placement`); same session index, so the same threads and cpus."""
+    return replace(device, gpu=None, stream=0, tf_device="/device:CPU:0")
 
 
 def ort_providers(device: LaneDevice) -> list:

@@ -96,9 +96,9 @@ def test_parameter_updates_reach_the_engine(dlrm_dir, make_processor):
     data = codec.encode_request(dlrm_onnx.inputs(64))
     before = p.process(data)
     with p.manager.acquire() as group:
-        table = group.backend._params["tables"]  # a processor-owned parameter (the big ones are)
+        table = group.backend.read_parameter("tables")  # a processor-owned parameter (the big ones are)
         group.backend.update_parameter("tables", table[:50] + 1.0, np.arange(50, dtype=np.int64))
-        group.backend.update_parameter("top_w1", group.backend._params["top_w1"] * 2.0)
+        group.backend.update_parameter("top_w1", group.backend.read_parameter("top_w1") * 2.0)
     after = p.process(data)
     assert after[0] == 200 and after != before and after == _reference(p, data)
 

@@ -69,8 +69,9 @@ from ...errors import ConfigError, Internal, InvalidArgument, ProcessorError
 from ...store.model_version import ModelVersion
 from .. import device_plan, pinning
 from ..string_hash import fingerprint
-from . import native_engine, profile
+from . import native_engine, placement, profile
 from .convert import prepare
+from .param_buffers import Parameters
 from .ort_env import ensure_global_thread_pools, global_pools_in_force, ort as _ort
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,6 @@ class OnnxRuntimeBackend:
     engine_name = "onnxruntime"
 
     def __init__(self, config: ModelConfig, version: ModelVersion, plan: device_plan.DevicePlan) -> None:
-        ort = _ort()
         self._config = config
         self._plan = plan
         self.lanes = len(plan.lanes)
@@ -111,8 +111,6 @@ class OnnxRuntimeBackend:
         self._input_names = {a: s.name for a, s in self.signature.inputs.items()}
         self._output_names = {a: s.name for a, s in self.signature.outputs.items()}
         self._fetch_names: dict[tuple[str, ...], list[str]] = {}
-        self._params = self._prepared.load_parameters()
-        self._values = {n: ort.OrtValue.ortvalue_from_numpy(a) for n, a in self._params.items()}
         table = self._prepared.manifest["parameters"]
         self._by_variable = {p["variable"]: n for n, p in table.items() if p.get("variable")}
         self._variable_shapes = {n: tuple(p.get("variable_shape", p["shape"])) for n, p in table.items()}
@@ -133,21 +131,36 @@ class OnnxRuntimeBackend:
         self._pins: list[dict[str, Any]] = []
         self._trace_lock = threading.Lock()
         self._profile_dir: str | None = None
+        self._placement = placement.plan_placement(config.enable_device_placement_optimization,
+                                                   self._prepared.model_path, plan.on_gpu)
+        self._split = self._placement.split
+        params = self._prepared.load_parameters()
+        self._parts = [self._placement.parts(self._prepared.model_path, self._session_target(index)[0],
+                                             frozenset(params)) for index in range(plan.sessions)]
+        needs: dict[int | None, set[str]] = {}
+        for part in (part for parts in self._parts for part in parts):
+            needs.setdefault(part.device.gpu, set()).update(part.parameters)
+        self._parameters: Parameters | None = None
         try:
-            for index in range(plan.sessions):
-                self._sessions.append(self._open_session(index, *self._session_target(index)))
+            self._parameters = Parameters(params, needs)
+            del params  # parameters only a GPU needs leave host memory
+            for index, parts in enumerate(self._parts):
+                cpus = self._session_target(index)[1]
+                self._sessions.append([self._open_session(index, part, cpus) for part in parts])
         except Exception:
             self.close()
             raise
-        self._lane_session = [self._sessions[d.session] for d in plan.lanes]
         # InferenceSession.run re-checks the feed names in Python on every call; the feeds here
         # are checked against the signature already, so requests call the binding's run itself.
-        self._lane_run = [session._sess.run for session in self._lane_session]
+        self._lane_run = [self._session_run(self._sessions[d.session]) for d in plan.lanes]
         why_not = ("GPU lanes serve through the ONNX Runtime Python binding"
                    if plan.on_gpu and not native_engine.GPU_LANES else
+                   "device placement splits the graph; its two parts run through the Python binding"
+                   if self._split is not None else
                    f"string inputs {sorted(self._strings)} are not hashed" if self._strings else "")
+        host = self._parameters.sets.get(None)
         self._engine, self._engine_report = native_engine.open_engine(
-            self._prepared.model_path, self.signature, self._params,
+            self._prepared.model_path, self.signature, host.host_arrays() if host and not why_not else {},
             [(*self._session_threads(cpus), device_plan.cuda_options(device))
              for device, cpus in map(self._session_target, range(plan.sessions))],
             [d.session for d in plan.lanes], self._global_pools, why_not)
@@ -165,7 +178,13 @@ class OnnxRuntimeBackend:
         affinities = intra_op_affinities(cpus, intra) if cpus and intra > 1 else ""
         return True, intra, self._config.inter_op_parallelism_threads, affinities
 
-    def _session_options(self, cpus: tuple[int, ...] | None):
+    def _session_run(self, sessions: list[Any]):
+        """The binding's ``run(names, feeds, options)`` of one engine session (both parts if split)."""
+        if self._split is None:
+            return sessions[0]._sess.run
+        return functools.partial(self._split.run, sessions[0]._sess.run, sessions[1]._sess.run)
+
+    def _session_options(self, cpus: tuple[int, ...] | None, part: placement.Part):
         ort = _ort()
         options = ort.SessionOptions()
         options.add_session_config_entry("session.disable_prepacking", "1")
@@ -178,24 +197,26 @@ class OnnxRuntimeBackend:
                 options.add_session_config_entry("session.intra_op_thread_affinities", affinities)
         else:
             options.use_per_session_threads = False
-        for name, value in self._values.items():
-            options.add_initializer(name, value)
+        self._parameters.sets[part.device.gpu].add_to(options, sorted(part.parameters))
         return options
 
-    def _open_session(self, index: int, device: device_plan.LaneDevice, cpus: tuple[int, ...] | None):
-        ort = _ort()
-        options = self._session_options(cpus)
+    def _open_session(self, index: int, part: placement.Part, cpus: tuple[int, ...] | None):
+        """A session of ``part`` over the shared parameters of its place (which counts it as a user)."""
+        ort, device = _ort(), part.device
+        options = self._session_options(cpus, part)
         with pinning.creation_lock, pinning.new_threads() as created:
             try:
-                session = ort.InferenceSession(self._prepared.model_path, options,
-                                               providers=device_plan.ort_providers(device))
+                session = ort.InferenceSession(part.model_path, options, providers=device_plan.ort_providers(device))
             except Exception as exc:
-                raise Internal(f"ONNX Runtime could not load {self._prepared.model_path!r}: "
+                raise Internal(f"ONNX Runtime could not load {part.model_path!r}: "
                                f"{type(exc).__name__}: {exc}") from exc
+        self._parameters.sets[device.gpu].attach(session._sess)
         if device.gpu is not None and "CUDAExecutionProvider" not in session.get_providers():
             raise ConfigError(f"gpu_ids_list: ONNX Runtime could not start CUDA on GPU {device.gpu} "
                               f"(providers: {session.get_providers()}); check the CUDA 13 / cuDNN 9 libraries")
         self._pins.append(self._pin_report(index, cpus, created))
+        if part.role != "whole":
+            self._pins[-1]["part"] = part.role
         return session
 
     def _pin_report(self, index: int, cpus: tuple[int, ...] | None, created: dict[int, str]) -> dict[str, Any]:
@@ -272,9 +293,10 @@ class OnnxRuntimeBackend:
         return self._engine
 
     def bare_call(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]):
-        """``session.run`` on ``lane`` with the inputs converted once, as a zero-argument call."""
-        session, names, ort_feeds = self._lane_session[lane], self._output_list(fetches), self._feeds(feeds)
-        return lambda: session.run(names, ort_feeds)
+        """The binding's run on ``lane`` (both parts of a split graph) with the inputs converted once,
+        as a zero-argument call."""
+        run, names, ort_feeds = self._lane_run[lane], self._output_list(fetches), self._feeds(feeds)
+        return lambda: run(names, ort_feeds, None)
 
     def run_traced(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]):
         """``run`` on a fresh profiling session: (outputs, EngineTrace of per-op events).
@@ -284,12 +306,15 @@ class OnnxRuntimeBackend:
         """
         from ...tracing.events import EngineTrace
 
+        if self._split is not None:
+            raise NotImplementedError("traces of a graph split by device placement are not taken yet")
         names = [self._output_names[a] for a in fetches]
         ort_feeds = self._feeds(feeds)
-        device, cpus = self._session_target(self._plan.lanes[lane].session)
+        index = self._plan.lanes[lane].session
+        device, cpus = self._session_target(index)
         with self._trace_lock:
             setup_ns = time.time_ns()
-            session = self._open_profiling_session(lane, device, cpus)
+            session = self._open_profiling_session(lane, self._parts[index][0], cpus)
             opened_ns = time.time_ns()
             try:
                 session.run(names, ort_feeds)  # warm-up: the profiled run is a warm one
@@ -316,18 +341,19 @@ class OnnxRuntimeBackend:
         return outputs, EngineTrace(events=events, stages=stages,
                                     thread_names=profile.thread_names(events, threading.get_native_id()))
 
-    def _open_profiling_session(self, lane: int, device: device_plan.LaneDevice, cpus: tuple[int, ...] | None):
+    def _open_profiling_session(self, lane: int, part: placement.Part, cpus: tuple[int, ...] | None):
         """A new session like the lane's, profiling from now on; NotImplementedError if ORT refuses."""
         ort = _ort()
         try:
             if self._profile_dir is None:
                 self._profile_dir = tempfile.mkdtemp(prefix="sp-ort-profile-")
-            options = self._session_options(cpus)
+            options = self._session_options(cpus, part)
             options.enable_profiling = True
             options.profile_file_prefix = os.path.join(self._profile_dir, f"lane{lane}")
             with pinning.creation_lock:  # so that a model loading meanwhile does not count its threads
-                return ort.InferenceSession(self._prepared.model_path, options,
-                                            providers=device_plan.ort_providers(device))
+                session = ort.InferenceSession(part.model_path, options, providers=device_plan.ort_providers(part.device))
+            self._parameters.sets[part.device.gpu].attach(session._sess)
+            return session
         except Exception as exc:
             log.warning("lane %d: no ONNX Runtime profiling session, request runs untraced: %s: %s",
                         lane, type(exc).__name__, exc)
@@ -337,15 +363,17 @@ class OnnxRuntimeBackend:
 
     @property
     def variables(self) -> dict[str, VariableInfo]:
-        """Parameters a delta may update, by TF variable (checkpoint) name; empty on a GPU."""
-        if self._plan.on_gpu:
-            return {}
-        return {var: VariableInfo(self._variable_shapes[n], self._params[n].dtype)
+        """Parameters a delta may update, by TF variable (checkpoint) name (host and GPU alike)."""
+        return {var: VariableInfo(self._variable_shapes[n], self._parameters.dtype(n))
                 for var, n in self._by_variable.items()}
 
     def parameter_names(self) -> list[str]:
         """Every parameter's initializer name (TF variable names are accepted too)."""
-        return sorted(self._params)
+        return self._parameters.names()
+
+    def read_parameter(self, name: str) -> np.ndarray:
+        """A host copy of parameter ``name``'s current value (TF variable or initializer name)."""
+        return self._parameters.read(self._by_variable.get(name, name))
 
     def update_parameter(self, name: str, values: np.ndarray, rows: np.ndarray | None = None) -> None:
         """Write ``values`` into parameter ``name`` in place, for every session.
@@ -353,26 +381,25 @@ class OnnxRuntimeBackend:
         ``name`` is a TF variable name (``embeddings/C1``) or an initializer name. Without
         ``rows`` the whole value is replaced (same shape); with ``rows`` (int64 row ids) the
         rows ``values[i]`` go to rows ``rows[i]``. Raises KeyError for an unknown parameter,
-        ValueError for a shape mismatch, ConfigError on a GPU session (its copy is on the GPU).
+        ValueError for a shape mismatch. Every copy is written, the host's and each GPU's
+        (:class:`.param_buffers.Parameters`): CPU and GPU lanes alike see it on their next run.
         """
-        if self._plan.on_gpu:
-            raise ConfigError("in-place parameter updates reach CPU sessions only; this group runs on GPU")
         key = self._by_variable.get(name, name)
-        target = self._params[key]
-        values = np.asarray(values, dtype=target.dtype)
+        shape = self._parameters.shape(key)
+        values = np.asarray(values, dtype=self._parameters.dtype(key))
         if rows is None:
-            if values.shape not in (target.shape, self._variable_shapes[key]):
+            if values.shape not in (shape, self._variable_shapes[key]):
                 raise ValueError(f"{name}: shape {list(values.shape)}, the parameter's is "
                                  f"{list(self._variable_shapes[key])}")
-            np.copyto(target, values.reshape(target.shape))
+            self._parameters.write(key, values.reshape(shape))
         else:
             rows = np.asarray(rows, dtype=np.int64)
-            if values.shape != (len(rows), *target.shape[1:]):
+            if values.shape != (len(rows), *shape[1:]):
                 raise ValueError(f"{name}: {len(rows)} rows of shape {list(values.shape)} do not fit "
-                                 f"{list(target.shape)}")
-            if len(rows) and (rows.min() < 0 or rows.max() >= target.shape[0]):
-                raise ValueError(f"{name}: row ids outside [0, {target.shape[0]})")
-            target[rows] = values
+                                 f"{list(shape)}")
+            if len(rows) and (rows.min() < 0 or rows.max() >= shape[0]):
+                raise ValueError(f"{name}: row ids outside [0, {shape[0]})")
+            self._parameters.write(key, values, rows)
 
     def read_delta(self, prefix: str, step: int) -> Delta:
         """Read and check a delta against the model's parameters."""
@@ -382,7 +409,7 @@ class OnnxRuntimeBackend:
         """Nothing to stage: every parameter lives in this process."""
 
     def apply_delta(self, delta: Delta) -> None:
-        """Write a checked delta into the shared arrays (no run is in flight: the gate holds them)."""
+        """Write a checked delta into the shared buffers (no run is in flight: the gate holds them)."""
         variables = self.variables
         for name in [*delta.rows, *delta.dense]:
             if name not in variables:
@@ -409,15 +436,16 @@ class OnnxRuntimeBackend:
         else:
             pinning_report["summary"] = ("intra-op pool workers pinned per session through "
                                          "session.intra_op_thread_affinities; the calling thread is not pinned")
-        weight_bytes = sum(a.nbytes for a in self._params.values())
         return {
             "engine": "onnxruntime",
             "engine_version": ort.__version__,
             "lanes": self.lanes,
             "sessions": len(self._sessions),
-            "providers": self._sessions[0].get_providers() if self._sessions else [],
-            "weights": (f"one copy of {len(self._params)} parameters ({weight_bytes / 2**20:.1f} MiB) in "
-                        f"processor-owned memory, shared by all sessions (add_initializer, no copy)"),
+            "providers": self._sessions[0][-1].get_providers() if self._sessions else [],
+            "weights": (f"one copy of {len(self._parameters.names())} parameters per place, in buffers the "
+                        f"processor owns, shared by all sessions there (add_initializer over DLPack, no copy)"),
+            "parameter_buffers": self._parameters.describe(),
+            "device_placement": {**self._placement.report, "tables": self._table_places()},
             "threads": ({"mode": "per-session pools", "intra_op_num_threads": config.intra_op_parallelism_threads,
                          "inter_op_num_threads": config.inter_op_parallelism_threads} if per_session else
                         {"mode": "global pools", "sizes_in_force": list(self._global_pools or ()),
@@ -437,12 +465,20 @@ class OnnxRuntimeBackend:
         if self._profile_dir is not None:
             shutil.rmtree(self._profile_dir, ignore_errors=True)
             self._profile_dir = None
+        # Sessions first, then the buffers they read: each place frees its memory once the last
+        # of its sessions is gone (at once, unless a caller still holds one: a bare_call).
         self._sessions = []
-        self._lane_session = []
         self._lane_run = []
         self._engine = None
-        self._values = {}
-        self._params = {}
+        parameters, self._parameters = getattr(self, "_parameters", None), None
+        if parameters is not None:
+            parameters.release()
+
+    def _table_places(self) -> dict[str, list[str]] | str:
+        """Where each embedding table lives: the places of a split graph's tables, else one line."""
+        if self._split is None:
+            return f"with every other parameter, on {[s.location for s in self._parameters.sets.values()]}"
+        return {name: self._parameters.location_of(name) for name in self._split.tables}
 
 
 @functools.cache
