@@ -2,6 +2,8 @@
 
 * :mod:`.backend` - the ONNX Runtime backend (N sessions over one copy of the parameters);
 * :mod:`.native_engine` - the native engine serving whole wire requests without the GIL;
+* :mod:`.param_buffers` - the parameters in processor-owned host or GPU memory, shared by sessions;
+* :mod:`.placement`, :mod:`.split` - device placement: the graph split at its embedding lookups;
 * :mod:`.profile` - ONNX Runtime profiles read into trace events;
 * :mod:`.ort_env` - the onnxruntime module and its process-wide thread pools;
 * :mod:`.convert` - a SavedModel or ``.onnx`` file prepared for serving (cached);

@@ -2,11 +2,13 @@
 
 The model is prepared by :mod:`processor.engine.onnx.convert` (a SavedModel converted with
 tf2onnx and checked against TensorFlow, or a ``.onnx`` file; cached). Its parameters live in
-numpy arrays this backend owns; every session gets them through
-``SessionOptions.add_initializer(name, OrtValue.ortvalue_from_numpy(array))``, which does not
-copy on the CPU, so N sessions cost one copy of the weights plus their own activation memory.
-The arrays and OrtValues are kept alive until :meth:`close`. Weight prepacking is disabled
-(``session.disable_prepacking``) so that no session keeps a private, repacked copy.
+buffers this backend owns (:mod:`.param_buffers`): numpy arrays on the host, PyTorch tensors on
+each GPU a lane runs on; every session gets those of its place through
+``SessionOptions.add_initializer`` over a DLPack tensor, which does not copy, so N sessions in
+one place cost one copy of the weights plus their own activation memory. The buffers are
+released after the last session that reads them is gone (:meth:`close` drops the sessions
+first). Weight prepacking is disabled (``session.disable_prepacking``) so that no session keeps
+a private, repacked copy.
 
 Threads: with ``use_per_session_threads`` every session has its own intra-op pool of
 ``intra_op_parallelism_threads`` threads (the calling thread is one of them); otherwise all
@@ -21,24 +23,28 @@ sessions use them too, whatever their config; model info says so. ``cpusets`` pi
 the calling thread, helped by the intra-op pool.
 
 GPU: one CUDA execution provider per session on the lane's GPU (its own compute stream); see
-:mod:`processor.engine.device_plan` for how lanes map to sessions.
+:mod:`processor.engine.device_plan` for how lanes map to sessions. With
+``enable_device_placement_optimization`` the graph is split at its embedding lookups
+(:mod:`.placement`, :mod:`.split`): each engine session is two sessions, the lookups and tables on
+the CPU provider, the dense part on the lane's device (the CPU too on a host without a GPU);
+a request runs both, through the Python binding.
 
-Native engine (:mod:`.native_engine`): on CPU lanes, a second set of sessions over the same parameter
-arrays, created through ONNX Runtime's C API, serves whole wire requests without the GIL
+Native engine (:mod:`.native_engine`): on CPU lanes of an unsplit graph, a second set of
+sessions over the same host parameter arrays, created through ONNX Runtime's C API, serves whole wire requests without the GIL
 (:meth:`wire_server`); the binding sessions above serve everything else (feeds from JSON
 front-ends, requests the engine does not take, warm-up, traces).
 
 Parameter updates (hot update): :meth:`update_parameter` writes new values, whole or by rows,
-into the shared arrays in place; every session sees them on its next run. ``apply_delta`` uses
-it for delta checkpoints. Updates are not atomic against runs in flight (a run may read some
-old and some new rows); the SessionGroup's update gate holds runs while a delta is applied.
-On a CUDA session the parameters were copied to the GPU at creation, so in-place updates do
-not reach it: ``variables`` is empty there and a delta fails clearly (a full reload works).
+into the shared buffers in place (every copy: the host's and each GPU's); every session sees
+them on its next run, on CPU and GPU lanes alike. ``apply_delta`` uses it for delta
+checkpoints. Updates are not atomic against runs in flight (a run may read some old and some
+new rows); the SessionGroup's update gate holds runs while a delta is applied. A full update
+loads a new backend beside this one and swaps, as on the CPU.
 
 Timeline tracing (:meth:`run_traced`): ORT profiles whole sessions and ``end_profiling()``
 stops a session's profiler for good, so a traced call gets a fresh profiling session of its own,
 built like the lane's serving session (same providers, thread settings, shared initializers: no
-weight copy on the CPU; a GPU lane's session copies the weights to the GPU for its short life).
+weight copy). A split graph is not traced yet: its requests run untraced.
 It runs the request twice, a warm-up and the profiled run, so the trace shows a warm run like
 the serving sessions' (first-run allocations left out). The profile file (in a private temporary
 directory) is read into events (:mod:`.profile`) and deleted. The tracing's own cost shows

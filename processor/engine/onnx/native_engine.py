@@ -3,8 +3,9 @@
 The onnxruntime package ships the runtime as a C library (``capi/libonnxruntime.so.*``) next to
 its Python binding. :func:`open_engine` builds ``processor._native.OrtEngine`` over it: one
 session per ONNX Runtime session of the backend, with the same thread settings and the same
-parameter arrays (added as initializers, so the weights stay one copy and in-place updates reach
-these sessions too). Its ``serve(plan, lane, data)`` turns PredictRequest bytes into
+host parameter arrays (the backend's :mod:`.param_buffers`, added as initializers, so the weights
+stay one copy and in-place updates reach these sessions too). Unsplit graphs only: with device
+placement the two parts of a split graph run through the binding. Its ``serve(plan, lane, data)`` turns PredictRequest bytes into
 PredictResponse bytes with the GIL released from the first byte to the last.
 
 The backend keeps its Python-binding sessions: they serve what the engine does not take
