@@ -1,4 +1,4 @@
-"""ServedModel: one model composed once (config, ModelManager, timeline tracer, batching queue,
+"""ServedModel: one model composed once (config, ModelManager, timeline tracer, batching,
 prediction logger, version labels); ModelRegistry: the served models by name, used by both the
 C ABI's :class:`~processor.processor.Processor` (one model) and the server's runtime (a
 deployment).
@@ -18,7 +18,7 @@ import sys
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from .batching.batcher import Batcher
+from .batching.model_batching import ModelBatching
 from .config import ModelConfig
 from .echo import cut, shorten
 from .errors import NotFound, Unavailable
@@ -46,15 +46,20 @@ class ServedModel:
         self.threads = threads
         self.environment = dict(environment or {})
         self.tracer = Tracer.from_config(name, config) if manager is None else None
-        self.manager = manager if manager is not None else ModelManager(name, config)
-        self.batcher = Batcher(name, config.batching) if config.batching is not None else None
+        # One batching per model: its row budget bounds every queue (each version's native one
+        # and the reference), see processor/batching/model_batching.py.
+        self.batching = ModelBatching(name, config.batching) if config.batching is not None else None
+        self.manager = manager if manager is not None else ModelManager(name, config, batching=self.batching)
         # ConfigError naming logging_config.path when it cannot be written
         self.prediction_log = PredictionLogger.from_config(name, config)
 
     # --- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Load and warm the served version; raises ProcessorError (the model is then ``failed``)."""
+        """Start the batching threads, load and warm the served version; raises ProcessorError
+        (the model is then ``failed``)."""
+        if self.batching is not None:
+            self.batching.start()
         self.manager.start()
 
     @property
@@ -99,7 +104,7 @@ class ServedModel:
 
     def drain(self, timeout: float | None = None) -> None:
         """Run what the batching queue holds; new batched requests are refused from now on."""
-        if self.batcher is not None and not self.batcher.close(timeout):
+        if self.batching is not None and not self.batching.close(timeout):
             log.warning("model %s: batching queue not drained in %s s", self.name, timeout)
 
     def close(self) -> None:
@@ -133,8 +138,9 @@ class ServedModel:
         return metrics.snapshot() if metrics is not None else None
 
     def batching_info(self) -> dict[str, Any] | None:
-        """The batching settings and counters (both queues), or None without batching."""
-        if self.batcher is None:
+        """The batching settings and counters (the reference queue and the served version's
+        native one), or None without batching."""
+        if self.batching is None:
             return None
         native = None
         try:
@@ -142,7 +148,7 @@ class ServedModel:
                 native = group.batch_stats()
         except Unavailable:  # no version served yet (or any more): the Python queue's counters
             pass
-        return self.batcher.describe(native)
+        return self.batching.describe(native)
 
     def info(self) -> dict[str, Any]:
         """Everything a user may want to know: state, version, signature, sessions, settings."""

@@ -330,7 +330,7 @@ class FakeBackend:
         return VersionLoader(config, store or self.store, None, open_group=self.open, warm=self.warm)
 
     # open_group and warm of the VersionLoader
-    def open(self, config, version, features=None) -> FakeServingGroup:
+    def open(self, config, version, features=None, batching=None) -> FakeServingGroup:
         from processor.checkpoint.delta import CheckpointError
 
         if version.full_step in self.broken:
@@ -363,7 +363,7 @@ class FailingBackend(FakeBackend):
         super().__init__(store)
         self.at = at
 
-    def open(self, config, version, features=None) -> FakeServingGroup:
+    def open(self, config, version, features=None, batching=None) -> FakeServingGroup:
         from processor.errors import Internal
 
         if self.at == "open":
@@ -390,7 +390,7 @@ class SlowBackend(FakeBackend):
         self.release.clear()
         self.entered.clear()
 
-    def open(self, config, version, features=None) -> FakeServingGroup:
+    def open(self, config, version, features=None, batching=None) -> FakeServingGroup:
         self.entered.set()
         if not self.release.wait(30):
             raise TimeoutError("SlowBackend was never released")

@@ -35,7 +35,7 @@ void append_int(std::string& key, int64_t v) { key.append(reinterpret_cast<const
 
 }  // namespace
 
-struct Batcher::Request {
+struct Batcher::Ticket {
   const uint8_t* data = nullptr;
   size_t size = 0;
   ParsedRequest parsed;
@@ -45,7 +45,7 @@ struct Batcher::Request {
   int64_t rows = 0;
   double deadline = 0;
   Clock::time_point enqueued;
-  std::string* out = nullptr;
+  std::string out;
   std::mutex mutex;
   std::condition_variable cv;
   bool done = false;
@@ -59,8 +59,10 @@ struct Batcher::Batch {
   int64_t rows = 0;
 };
 
-Batcher::Batcher(const Engine* engine, Runner runner, int lanes, const Plan& plan, BatchSettings settings)
-    : engine_(engine), runner_(std::move(runner)), lanes_(lanes), plan_(plan), settings_(std::move(settings)) {
+Batcher::Batcher(const Engine* engine, Runner runner, int lanes, const Plan& plan, RowBudget& budget,
+                 BatchSettings settings)
+    : engine_(engine), runner_(std::move(runner)), lanes_(lanes), plan_(plan), budget_(budget),
+      settings_(std::move(settings)) {
   stats_.size_counts.assign(settings_.size_bounds.size() + 1, 0);
   stats_.wait_counts.assign(settings_.wait_bounds.size() + 1, 0);
   for (int i = 0; i < settings_.threads; ++i) threads_.emplace_back(&Batcher::loop, this, i);
@@ -68,15 +70,21 @@ Batcher::Batcher(const Engine* engine, Runner runner, int lanes, const Plan& pla
 
 Batcher::~Batcher() { close(); }
 
-Batcher::Status Batcher::serve(const uint8_t* data, size_t size, double deadline, std::string& out) {
-  Request r;
+void Batcher::TicketDeleter::operator()(Ticket* ticket) const {
+  if (ticket->enqueued != Clock::time_point()) wait(*ticket);  // queued: the queue reads it until answered
+  delete ticket;
+}
+
+Batcher::TicketPtr Batcher::enqueue(const uint8_t* data, size_t size, double deadline, Status& status) {
+  status = Status::kNotTaken;
+  TicketPtr ticket(new Ticket);
+  Request& r = *ticket;
   r.data = data;
   r.size = size;
   r.deadline = deadline;
-  r.out = &out;
-  if (!parse_request(data, size, plan_, r.parsed) || !fetch_list(plan_, r.parsed, r.fetch)) return Status::kNotTaken;
+  if (!parse_request(data, size, plan_, r.parsed) || !fetch_list(plan_, r.parsed, r.fetch)) return nullptr;
   const size_t n_in = r.parsed.inputs.size();
-  if (n_in == 0) return Status::kNotTaken;
+  if (n_in == 0) return nullptr;
   r.order.resize(n_in);
   for (size_t i = 0; i < n_in; ++i) r.order[i] = int(i);
   std::sort(r.order.begin(), r.order.end(),
@@ -87,65 +95,75 @@ Batcher::Status Batcher::serve(const uint8_t* data, size_t size, double deadline
   for (int i : r.order) {
     const ParsedInput& in = r.parsed.inputs[i];
     const InputSpec& spec = plan_.inputs[in.spec];
-    if (in.shape.empty() || (engine_ != nullptr && input_element_type(spec) == 0)) return Status::kNotTaken;
+    if (in.shape.empty() || (engine_ != nullptr && input_element_type(spec) == 0)) return nullptr;
     if (r.rows == 0) r.rows = in.shape[0];
-    if (in.shape[0] != r.rows) return Status::kNotTaken;
+    if (in.shape[0] != r.rows) return nullptr;
     append_int(key, in.spec);
     append_int(key, int64_t(in.shape.size()));
     for (size_t d = 1; d < in.shape.size(); ++d) append_int(key, in.shape[d]);
     if (engine_ == nullptr) continue;  // a runner converts the values itself
     size_t bytes = size_t(in.count) * value_itemsize(spec);
     r.values[i].resize(bytes / 8 + 1);
-    if (!fill_values(plan_, in, r.values[i].data(), data + size)) return Status::kNotTaken;
+    if (!fill_values(plan_, in, r.values[i].data(), data + size)) return nullptr;
   }
-  if (r.rows <= 0 || r.rows > settings_.max_rows) return Status::kNotTaken;
+  if (r.rows <= 0 || r.rows > settings_.max_rows) return nullptr;
   append_int(key, -1);
   for (int k : r.fetch) append_int(key, k);
 
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (closing_) return Status::kClosed;
-    if (unsplittable_.count(key)) return Status::kNotTaken;
-    if (deadline > 0 && monotonic_now() >= deadline) {
-      stats_.expired += 1;
-      return Status::kExpired;
-    }
-    if (stats_.queued_rows + r.rows > settings_.capacity_rows) {
-      stats_.rejected_queue_full += 1;
-      return Status::kFull;
-    }
-    r.enqueued = Clock::now();
-    bool wake = false;
-    auto it = open_.find(key);
-    if (it != open_.end() && it->second->rows + r.rows > settings_.max_rows) {
-      ready_.push_back(std::move(it->second));
-      open_.erase(it);
-      it = open_.end();
-      wake = true;
-    }
-    if (it == open_.end()) {
-      auto batch = std::make_unique<Batch>();
-      batch->key = key;
-      batch->opened = r.enqueued;
-      it = open_.emplace(key, std::move(batch)).first;
-      wake = true;  // an idle thread starts this batch's timeout
-    }
-    Batch& batch = *it->second;
-    batch.requests.push_back(&r);
-    batch.rows += r.rows;
-    stats_.queued_rows += r.rows;
-    stats_.queued_requests += 1;
-    if (batch.rows >= settings_.max_rows) {
-      ready_.push_back(std::move(it->second));
-      open_.erase(it);
-      wake = true;
-    }
-    if (wake) wake_.notify_one();
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (closing_) {
+    status = Status::kClosed;
+    return nullptr;
   }
+  if (unsplittable_.count(key)) return nullptr;
+  if (deadline > 0 && monotonic_now() >= deadline) {
+    stats_.expired += 1;
+    status = Status::kExpired;
+    return nullptr;
+  }
+  if (!budget_.try_take(r.rows)) {  // the model's bound, across all its queues
+    stats_.rejected_queue_full += 1;
+    status = Status::kFull;
+    return nullptr;
+  }
+  r.enqueued = Clock::now();
+  bool wake = false;
+  auto it = open_.find(key);
+  if (it != open_.end() && it->second->rows + r.rows > settings_.max_rows) {
+    ready_.push_back(std::move(it->second));
+    open_.erase(it);
+    it = open_.end();
+    wake = true;
+  }
+  if (it == open_.end()) {
+    auto batch = std::make_unique<Batch>();
+    batch->key = key;
+    batch->opened = r.enqueued;
+    it = open_.emplace(key, std::move(batch)).first;
+    wake = true;  // an idle thread starts this batch's timeout
+  }
+  Batch& batch = *it->second;
+  batch.requests.push_back(&r);
+  batch.rows += r.rows;
+  stats_.queued_rows += r.rows;
+  stats_.queued_requests += 1;
+  if (batch.rows >= settings_.max_rows) {
+    ready_.push_back(std::move(it->second));
+    open_.erase(it);
+    wake = true;
+  }
+  if (wake) wake_.notify_one();
+  status = Status::kOk;
+  return ticket;
+}
+
+Batcher::Status Batcher::wait(Ticket& r) {
   std::unique_lock<std::mutex> lock(r.mutex);
   r.cv.wait(lock, [&] { return r.done; });
   return r.status;
 }
+
+const std::string& Batcher::response(const Ticket& ticket) { return ticket.out; }
 
 int64_t Batcher::padded_rows(int64_t rows) const {
   for (int64_t size : settings_.allowed)
@@ -196,6 +214,7 @@ std::unique_ptr<Batcher::Batch> Batcher::next_batch() {
   }
   stats_.queued_rows -= batch->rows;
   stats_.queued_requests -= int64_t(batch->requests.size());
+  budget_.give(batch->rows);
   if (!ready_.empty() || !open_.empty()) wake_.notify_one();  // more work: another idle thread looks
   return batch;
 }
@@ -245,7 +264,7 @@ void Batcher::execute(Batch& batch, int index) {
   // Only the culprit may fail: each request again, alone (its errors are the reference's).
   for (Request* r : live) {
     std::string error;
-    Engine::Result result = engine_->serve(plan_, lane, r->data, r->size, *r->out, error);
+    Engine::Result result = engine_->serve(plan_, lane, r->data, r->size, r->out, error);
     finish(*r, result == Engine::Result::kOk ? Status::kOk : Status::kNotTaken);
   }
 }
@@ -317,8 +336,8 @@ bool Batcher::run_merged(Batch& batch, int lane) {
       o.count = size_t(r->rows) * row_elems;
     }
     start += r->rows;
-    r->out->resize(response_size(own));
-    write_response(own, reinterpret_cast<uint8_t*>(r->out->data()));
+    r->out.resize(response_size(own));
+    write_response(own, reinterpret_cast<uint8_t*>(r->out.data()));
     finish(*r, Status::kOk);
   }
   return true;
@@ -330,7 +349,7 @@ void Batcher::run_with_runner(Batch& batch, int lane) {
     const Request& r = *batch.requests[i];
     items[i].data = r.data;
     items[i].size = r.size;
-    items[i].out = r.out;
+    items[i].out = &batch.requests[i]->out;
   }
   runner_(items, lane);
   for (size_t i = 0; i < items.size(); ++i)

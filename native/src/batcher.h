@@ -1,8 +1,10 @@
 // batcher.h -- server-side batching without Python on the request threads.
 //
-// serve() is called by request threads with the GIL released. It parses and checks the
-// request (request.h) on the caller's thread, then queues it with the requests of the same kind
-// (same inputs, same dimensions after the first, same outputs). A batch runs when it holds
+// enqueue() is called by request threads with the GIL released. It parses and checks the
+// request (request.h) on the caller's thread, takes its rows from the model's RowBudget and
+// queues it with the requests of the same kind (same inputs, same dimensions after the first,
+// same outputs); the caller gets a Ticket and later wait()s on it, so one thread may queue many
+// requests (the C ABI's batch_process) before it waits for any. A batch runs when it holds
 // max_rows rows or timeout_us after its first request came, on one of `threads` threads, lane
 // `thread index % lanes`; the callers wait without the GIL and wake with their responses.
 //
@@ -14,13 +16,19 @@
 // * a Runner (any other engine): it gets the batch's request bytes and answers each with
 //   response bytes, or leaves it unanswered (the caller then serves it another way).
 //
-// Mirrors processor/batching/batcher.py (the reference, which serves what this path does not
-// take): same settings, same queue bound, deadlines and drain on close().
+// One queue per version: a Batcher belongs to one SessionGroup (a batch never mixes versions,
+// and the Plan and Engine are that version's). It has no capacity of its own: every queue of a
+// model, native or processor/batching/batcher.py (the reference, which serves what this path
+// does not take), takes its rows from the model's one RowBudget, so the model's queue bound
+// (max_enqueued_batches x max_batch_size rows) holds across all of them. Same settings,
+// deadlines and drain on close() as the reference.
 //
-// Thread-safe. The Engine and Plan outlive the Batcher; a request's buffer stays valid while its
-// serve() runs (the queue keeps views into it).
+// Thread-safe. The Engine, Plan and RowBudget outlive the Batcher; a ticket's request buffer
+// stays valid until the ticket is destroyed (the queue keeps views into it), and a ticket is
+// destroyed only once answered (its deleter waits).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -36,10 +44,35 @@
 
 namespace sp {
 
+// One model's queue capacity in rows, shared by all its queues: a request takes its rows when it
+// is queued and gives them back when its batch starts to run. Lock-free; thread-safe.
+class RowBudget {
+ public:
+  explicit RowBudget(int64_t capacity) : capacity_(capacity) {}
+  RowBudget(const RowBudget&) = delete;
+  RowBudget& operator=(const RowBudget&) = delete;
+
+  // Takes `rows` if they fit in what is left; false (nothing taken) if not.
+  bool try_take(int64_t rows) {
+    int64_t used = used_.load(std::memory_order_relaxed);
+    do {
+      if (rows > capacity_ - used) return false;
+    } while (!used_.compare_exchange_weak(used, used + rows, std::memory_order_acq_rel,
+                                          std::memory_order_relaxed));
+    return true;
+  }
+  void give(int64_t rows) { used_.fetch_sub(rows, std::memory_order_acq_rel); }
+  int64_t used() const { return used_.load(std::memory_order_acquire); }
+  int64_t capacity() const { return capacity_; }
+
+ private:
+  const int64_t capacity_;
+  std::atomic<int64_t> used_{0};
+};
+
 struct BatchSettings {
   int64_t max_rows = 128;
   int64_t timeout_us = 1000;
-  int64_t capacity_rows = 12800;  // rows that may wait at once
   int threads = 2;
   std::vector<int64_t> allowed;   // allowed batch sizes, increasing, last == max_rows; empty: any
   std::vector<double> size_bounds, wait_bounds;  // histogram bounds (rows; seconds)
@@ -71,14 +104,32 @@ class Batcher {
   // reports them). kFull / kClosed: refused at once. kExpired: the deadline passed first.
   enum class Status { kOk, kNotTaken, kFull, kClosed, kExpired };
 
-  // Exactly one of `engine` and `runner`; `lanes`: the lanes the threads share.
-  Batcher(const ort::Engine* engine, Runner runner, int lanes, const Plan& plan, BatchSettings settings);
+  // A queued request, owned by its caller. The deleter waits until it is answered, so the
+  // queue never reads a freed request.
+  struct Ticket;
+  struct TicketDeleter {
+    void operator()(Ticket* ticket) const;
+  };
+  using TicketPtr = std::unique_ptr<Ticket, TicketDeleter>;
+
+  // Exactly one of `engine` and `runner`; `lanes`: the lanes the threads share; `budget`: the
+  // model's queue capacity, shared with its other queues.
+  Batcher(const ort::Engine* engine, Runner runner, int lanes, const Plan& plan, RowBudget& budget,
+          BatchSettings settings);
   ~Batcher();
   Batcher(const Batcher&) = delete;
   Batcher& operator=(const Batcher&) = delete;
 
-  // `deadline`: a CLOCK_MONOTONIC time in seconds (Python's time.monotonic()); <= 0: none.
-  Status serve(const uint8_t* data, size_t size, double deadline, std::string& out);
+  // Queues the request in `data` (which must stay valid until the ticket is destroyed) and
+  // returns its ticket with `status` kOk; else nullptr and why (kNotTaken, kFull, kClosed,
+  // kExpired), at once. `deadline`: a CLOCK_MONOTONIC time in seconds (Python's
+  // time.monotonic()); <= 0: none.
+  TicketPtr enqueue(const uint8_t* data, size_t size, double deadline, Status& status);
+
+  // Blocks until the ticket's batch ran: kOk (response() holds the PredictResponse), kNotTaken
+  // (handed back: serve it another way) or kExpired. Any thread; may be called again.
+  static Status wait(Ticket& ticket);
+  static const std::string& response(const Ticket& ticket);
 
   // Refuses new requests, runs the queued ones, joins the threads. Idempotent.
   void close();
@@ -86,7 +137,7 @@ class Batcher {
   BatchStats stats() const;
 
  private:
-  struct Request;
+  using Request = Ticket;
   struct Batch;
 
   void loop(int index);
@@ -101,6 +152,7 @@ class Batcher {
   const Runner runner_;
   const int lanes_;
   const Plan& plan_;
+  RowBudget& budget_;
   const BatchSettings settings_;
   mutable std::mutex mutex_;
   std::condition_variable wake_;

@@ -3,8 +3,10 @@
 //   OrtEngine(library, model_path, parameters, ...)   ONNX Runtime sessions over the caller's
 //                                                     parameter arrays (ort_engine.h)
 //   OrtEngine.serve(plan, lane, data)                 a whole request without the GIL, or None
-//   Batcher(plan, engine | runner, ...)               the batching queue (batcher.h)
-//   Batcher.serve(data, deadline) / stats() / close()
+//   RowBudget(capacity)                               one model's queue capacity in rows (batcher.h)
+//   Batcher(plan, engine | runner, budget, ...)       one version's batching queue (batcher.h)
+//   Batcher.submit(data, deadline) -> BatchTicket     queue a request; ticket.wait() its answer
+//   Batcher.stats() / close()
 //
 // None means "not taken": the caller serves the request through the Python reference path.
 // Every method is thread-safe.
@@ -127,10 +129,22 @@ nb::object engine_serve(const PyEngine& self, const PyPlan& pp, int lane, nb::ha
   return as_bytes(out);
 }
 
-// A Batcher and the Python objects it uses (the plan; the engine or the runner callable).
+// A Batcher and the Python objects it uses (the plan; the engine or the runner callable; the budget).
 struct PyBatcher {
   std::unique_ptr<sp::Batcher> batcher;
-  nb::object plan, engine, runner;
+  nb::object plan, engine, runner, budget;
+};
+
+// A queued request: its ticket and the caller's buffer, held until the ticket is destroyed (the
+// queue keeps views into it; the ticket's deleter waits until it is answered, without the GIL).
+struct PyTicket {
+  Borrowed in;
+  sp::Batcher::TicketPtr ticket;
+  explicit PyTicket(nb::handle data) : in(data) {}
+  ~PyTicket() {
+    nb::gil_scoped_release nogil;  // a batch thread may need the GIL (a runner) to answer it
+    ticket.reset();
+  }
 };
 
 // A Runner calling a Python callable `runner(requests, lane)` on the batch thread: `requests` a
@@ -166,10 +180,11 @@ sp::Runner python_runner(nb::handle runner) {
   };
 }
 
-void make_batcher(PyBatcher* self, nb::handle plan, nb::handle engine, nb::handle runner, int lanes,
-                  int64_t max_rows, int64_t timeout_us, int64_t capacity_rows, int threads,
-                  std::vector<int64_t> allowed, std::vector<double> size_bounds, std::vector<double> wait_bounds) {
+void make_batcher(PyBatcher* self, nb::handle plan, nb::handle engine, nb::handle runner, nb::handle budget,
+                  int lanes, int64_t max_rows, int64_t timeout_us, int threads, std::vector<int64_t> allowed,
+                  std::vector<double> size_bounds, std::vector<double> wait_bounds) {
   const PyPlan& p = nb::cast<const PyPlan&>(plan);
+  sp::RowBudget& b = nb::cast<sp::RowBudget&>(budget);
   const sp::ort::Engine* e = engine.is_none() ? nullptr : nb::cast<const PyEngine&>(engine).engine.get();
   if ((e == nullptr) == runner.is_none()) throw std::invalid_argument("give an engine or a runner");
   if (e != nullptr) lanes = e->lanes();
@@ -177,32 +192,43 @@ void make_batcher(PyBatcher* self, nb::handle plan, nb::handle engine, nb::handl
   sp::BatchSettings s;
   s.max_rows = max_rows;
   s.timeout_us = timeout_us;
-  s.capacity_rows = capacity_rows;
   s.threads = threads;
   s.allowed = std::move(allowed);
   s.size_bounds = std::move(size_bounds);
   s.wait_bounds = std::move(wait_bounds);
   sp::Runner run = runner.is_none() ? sp::Runner() : python_runner(runner);
-  new (self) PyBatcher{std::make_unique<sp::Batcher>(e, std::move(run), lanes, p.plan, std::move(s)),
-                       nb::borrow(plan), nb::borrow(engine), nb::borrow(runner)};
+  new (self) PyBatcher{std::make_unique<sp::Batcher>(e, std::move(run), lanes, p.plan, b, std::move(s)),
+                       nb::borrow(plan), nb::borrow(engine), nb::borrow(runner), nb::borrow(budget)};
 }
 
-nb::object batcher_serve(PyBatcher& self, nb::handle data, double deadline) {
-  Borrowed in(data);
-  std::string out;
-  sp::Batcher::Status status;
-  {
-    nb::gil_scoped_release nogil;  // parse, convert, queue, wait; the batch runs on the batcher's threads
-    status = self.batcher->serve(in.data(), in.size(), deadline, out);
-  }
+nb::object refused(sp::Batcher::Status status) {
   switch (status) {
-    case sp::Batcher::Status::kOk: return as_bytes(out);
-    case sp::Batcher::Status::kNotTaken: return nb::none();
     case sp::Batcher::Status::kFull: return nb::str("full");
     case sp::Batcher::Status::kClosed: return nb::str("closed");
     case sp::Batcher::Status::kExpired: return nb::str("expired");
+    default: return nb::none();  // kNotTaken
   }
-  return nb::none();
+}
+
+nb::object batcher_submit(PyBatcher& self, nb::handle data, double deadline) {
+  auto queued = std::make_unique<PyTicket>(data);
+  sp::Batcher::Status status;
+  {
+    nb::gil_scoped_release nogil;  // parse, convert, queue
+    queued->ticket = self.batcher->enqueue(queued->in.data(), queued->in.size(), deadline, status);
+  }
+  if (status != sp::Batcher::Status::kOk) return refused(status);
+  return nb::cast(queued.release(), nb::rv_policy::take_ownership);
+}
+
+nb::object ticket_wait(PyTicket& self) {
+  sp::Batcher::Status status;
+  {
+    nb::gil_scoped_release nogil;  // the batch runs on the batcher's threads
+    status = sp::Batcher::wait(*self.ticket);
+  }
+  if (status == sp::Batcher::Status::kOk) return as_bytes(sp::Batcher::response(*self.ticket));
+  return refused(status);
 }
 
 nb::dict batcher_stats(const PyBatcher& self) {
@@ -239,15 +265,27 @@ void bind_engine(nb::module_& m) {
       .def("serve", &engine_serve, nb::arg("plan"), nb::arg("lane"), nb::arg("data"),
            "PredictRequest bytes -> PredictResponse bytes on `lane`, without the GIL; None when "
            "the request is for the reference path (invalid, rare forms, an engine error)");
+  nb::class_<sp::RowBudget>(m, "RowBudget")
+      .def(nb::init<int64_t>(), nb::arg("capacity"),
+           "One model's batching queue capacity in rows, shared by all its queues (lock-free)")
+      .def("try_take", &sp::RowBudget::try_take, nb::arg("rows"), "take `rows` if they fit; False if not")
+      .def("give", &sp::RowBudget::give, nb::arg("rows"), "give back rows taken")
+      .def_prop_ro("used", &sp::RowBudget::used)
+      .def_prop_ro("capacity", &sp::RowBudget::capacity);
+  nb::class_<PyTicket>(m, "BatchTicket")
+      .def("wait", &ticket_wait,
+           "block (without the GIL) until the batch ran: PredictResponse bytes; None: handed back, "
+           "serve it another way; 'expired': its deadline passed before it ran");
   nb::class_<PyBatcher>(m, "Batcher")
       .def("__init__", &make_batcher, nb::arg("plan"), nb::arg("engine").none(), nb::arg("runner").none(),
-           nb::arg("lanes"), nb::arg("max_rows"), nb::arg("timeout_us"), nb::arg("capacity_rows"),
-           nb::arg("threads"), nb::arg("allowed"), nb::arg("size_bounds"), nb::arg("wait_bounds"),
-           "A batching queue running batches on an OrtEngine's lanes or through runner(requests, lane) "
-           "(see native/src/batcher.h)")
-      .def("serve", &batcher_serve, nb::arg("data"), nb::arg("deadline"),
-           "PredictRequest bytes -> PredictResponse bytes, merged with concurrent requests, "
-           "without the GIL; None: serve it another way; 'full' / 'closed' / 'expired': refused")
+           nb::arg("budget"), nb::arg("lanes"), nb::arg("max_rows"), nb::arg("timeout_us"), nb::arg("threads"),
+           nb::arg("allowed"), nb::arg("size_bounds"), nb::arg("wait_bounds"),
+           "A batching queue running batches on an OrtEngine's lanes or through runner(requests, lane), "
+           "taking its rows from a RowBudget (see native/src/batcher.h)")
+      .def("submit", &batcher_submit, nb::arg("data"), nb::arg("deadline"),
+           "queue PredictRequest bytes (kept until the ticket is gone) to merge with concurrent requests, "
+           "without the GIL: a BatchTicket; None: not taken, serve it another way; 'full' / 'closed' / "
+           "'expired': refused")
       .def("stats", &batcher_stats, "counters and histogram counts")
       .def("close",
            [](PyBatcher& self) {

@@ -1,4 +1,4 @@
-"""Batcher: one model's batching queue, between the DataPlane and the SessionGroup.
+"""Batcher: one model's reference batching queue, between the DataPlane and the SessionGroup.
 
 Callers (request threads) hand in requests already decoded and checked against the signature,
 so a bad request fails alone, before it joins anything. A request joins the open batch of its
@@ -13,10 +13,14 @@ allowed size), outputs split back per request (each request gets only the output
 * Failure isolation: when a merged call fails, each request is run alone, so only the culprit
   fails. Requests that cannot be merged (no batch dimension, more rows than ``max_batch_size``)
   run alone on the caller's thread, with nothing queued.
-* Back-pressure: at most ``max_enqueued_batches * max_batch_size`` rows wait; beyond that a
-  request is refused at once with Unavailable (503, retryable). A request whose deadline passed
+* Back-pressure: a queued request takes its rows from the model's
+  :class:`~processor.batching.budget.RowBudget` (``max_enqueued_batches * max_batch_size`` rows,
+  shared with the model's native queues) until its batch starts; a request whose rows do not
+  fit is refused at once with Unavailable (503, retryable). A request whose deadline passed
   while it waited is answered DeadlineExceeded and not run.
-* :meth:`close` refuses new requests and runs everything queued before the threads end (drain).
+* The constructor only builds: the batch threads start on :meth:`start` (or the first queued
+  request). :meth:`close` refuses new requests and runs everything queued before the threads
+  end (drain).
 
 Thread-safe: any number of threads may call :meth:`run` / :meth:`submit` / :meth:`wait`.
 """
@@ -35,6 +39,7 @@ import numpy as np
 from ..errors import DeadlineExceeded, ProcessorError, Unavailable, as_processor_error
 from ..tracing.tracer import now_us
 from . import merge
+from .budget import RowBudget
 from .settings import BatchingConfig
 from .stats import BatchStats
 
@@ -75,29 +80,39 @@ class _Batch:
 
 
 class Batcher:
-    """See the module doc."""
+    """See the module doc. ``budget``: the model's row budget (by default one of its own, of
+    ``settings.queue_rows``)."""
 
-    def __init__(self, model: str, settings: BatchingConfig,
+    def __init__(self, model: str, settings: BatchingConfig, budget=None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.model = model
         self.settings = settings
         self.stats = BatchStats(settings.max_batch_size)
+        self.budget = budget if budget is not None else RowBudget(settings.queue_rows)
         self._clock = clock
         self._timeout = settings.batch_timeout_micros / 1e6
         self._max_rows = settings.max_batch_size
-        self._capacity = settings.queue_rows
         self._pad_variable = settings.pad_variable_length_inputs
         self._cond = threading.Condition(threading.Lock())
         self._open: dict[tuple, _Batch] = {}
         self._ready: deque[_Batch] = deque()
-        self._queued_rows = 0
         self._queued_requests = 0
         self._closing = False
         # Batch kinds whose outputs turned out not to be per row: such requests run alone.
         self._unsplittable: set[tuple] = set()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        """Start the batch threads (once; a closed batcher starts none)."""
+        with self._cond:
+            self._start_locked()
+
+    def _start_locked(self) -> None:
+        if self._threads or self._closing:
+            return
         self._threads = [threading.Thread(target=self._loop, args=(i,), daemon=True,
-                                          name=f"sp-batch-{model}-{i}")
-                         for i in range(settings.num_batch_threads)]
+                                          name=f"sp-batch-{self.model}-{i}")
+                         for i in range(self.settings.num_batch_threads)]
         for thread in self._threads:
             thread.start()
 
@@ -136,9 +151,11 @@ class Batcher:
         with self._cond:
             if self._closing:
                 raise self.refusal("closed")
-            if self._queued_rows + rows > self._capacity:
+            if not self.budget.try_take(rows):  # the model's bound, across all its queues
                 self.stats.count("rejected_queue_full")
                 raise self.refusal("full")
+            if not self._threads:
+                self._start_locked()
             batch = self._open.get(key)
             wake = False
             if batch is not None and batch.rows + rows > self._max_rows:
@@ -149,7 +166,6 @@ class Batcher:
                 wake = True  # an idle batch thread starts this batch's timeout
             batch.requests.append(request)
             batch.rows += rows
-            self._queued_rows += rows
             self._queued_requests += 1
             if batch.rows >= self._max_rows:
                 self._ready.append(self._open.pop(key))
@@ -212,8 +228,8 @@ class Batcher:
                 else:
                     self._cond.wait()
                     continue
-                self._queued_rows -= batch.rows
                 self._queued_requests -= len(batch.requests)
+                self.budget.give(batch.rows)
                 if self._ready or self._open:
                     self._cond.notify()  # more work: let another idle thread look
                 return batch
@@ -284,20 +300,15 @@ class Batcher:
             thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return not any(t.is_alive() for t in self._threads)
 
-    @property
-    def queue_depth(self) -> tuple[int, int]:
-        """(requests, rows) waiting now."""
-        return self._queued_requests, self._queued_rows
-
     def describe(self, native: dict | None = None) -> dict[str, Any]:
         """Settings and live counters, for model info and metrics. ``native``: the served group's
         engine queue ``stats()`` (its counters are added in; they start again with each full
-        version load)."""
-        requests, rows = self.queue_depth
+        version load). ``queued_rows``: the rows the budget holds (every queue of the model)."""
+        requests = self._queued_requests
         if native is not None:
-            requests, rows = requests + native["queued_requests"], rows + native["queued_rows"]
+            requests += native["queued_requests"]
         return {"settings": self.settings.model_dump(mode="json"), "native_queue": native is not None,
-                "queued_requests": requests, "queued_rows": rows, **self.stats.snapshot(native)}
+                "queued_requests": requests, "queued_rows": self.budget.used, **self.stats.snapshot(native)}
 
 
 class _NotPerRow(Exception):

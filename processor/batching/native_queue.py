@@ -1,19 +1,24 @@
 """The native batching queue of one SessionGroup (``native/src/batcher.h``).
 
-Request threads queue their request bytes and wait without the GIL; the queue's own threads
-run each batch, on lane ``thread index % lanes``:
+Request threads queue their request bytes (``submit(data, deadline)`` -> a ticket) and wait on
+the ticket without the GIL (``ticket.wait()``), so one thread may queue many requests before it
+waits; the queue's own threads run each batch, on lane ``thread index % lanes``:
 
 * on the ONNX Runtime native engine (``Backend.native_engine``): converted, concatenated, run,
   split and encoded without Python;
 * otherwise through :class:`BatchRunner` (one Python call per batch, not per request): decode,
   concatenate, one ``Backend.run``, split, encode.
 
-What the queue does not take (invalid and rare requests, requests that cannot merge, a batch
-whose merged call failed) comes back "not taken"; the DataPlane then runs it through
-:class:`~processor.batching.batcher.Batcher`, the reference, which gives the exact results,
-errors and failure isolation. Callers hold the group's update gate while they wait, so a batch
-never straddles a delta; for the same reason the runner calls the backend directly (entering the
-gate again could wait behind a queued update that waits for these very callers).
+One queue per version (a batch never mixes versions; the plan and engine are the version's),
+with no capacity of its own: it takes its rows from the model's
+:class:`~processor.batching.budget.RowBudget`, shared with the model's other queues. What the
+queue does not take (invalid and rare requests, requests that cannot merge, a batch whose merged
+call failed) comes back "not taken"; :class:`~processor.batching.model_batching.ModelBatching`
+then runs it through :class:`~processor.batching.batcher.Batcher`, the reference, which gives
+the exact results, errors and failure isolation. Callers hold the group's update gate while they
+wait, so a batch never straddles a delta; for the same reason the runner calls the backend
+directly (entering the gate again could wait behind a queued update that waits for these very
+callers).
 
 Thread-safe.
 """
@@ -28,17 +33,18 @@ from . import merge, stats
 from .settings import BatchingConfig
 
 
-def open_queue(backend, codec, settings: BatchingConfig) -> Any | None:
-    """A native queue for ``codec``'s requests on ``backend`` (``serve(data, deadline)``,
-    ``stats()``, ``close()``), or None: no native extension, or ``pad_variable_length_inputs``
-    (the native queue merges equal shapes only; the reference pads)."""
+def open_queue(backend, codec, settings: BatchingConfig, budget) -> Any | None:
+    """A native queue for ``codec``'s requests on ``backend`` taking its rows from ``budget``
+    (a native RowBudget; see the module doc): ``submit(data, deadline)``, ``stats()``,
+    ``close()``. None: no native extension, or ``pad_variable_length_inputs`` (the native queue
+    merges equal shapes only; the reference pads)."""
     if native.MODULE is None or codec.native_plan is None or settings.pad_variable_length_inputs:
         return None
     engine = backend.native_engine
     runner = None if engine is not None else BatchRunner(backend, codec, settings)
     return native.MODULE.Batcher(
-        codec.native_plan, engine, runner, backend.lanes, settings.max_batch_size,
-        settings.batch_timeout_micros, settings.queue_rows, settings.num_batch_threads,
+        codec.native_plan, engine, runner, budget, backend.lanes, settings.max_batch_size,
+        settings.batch_timeout_micros, settings.num_batch_threads,
         list(settings.allowed_batch_sizes), [float(b) for b in stats.size_bounds(settings.max_batch_size)],
         list(stats.WAIT_BOUNDS))
 

@@ -2,7 +2,7 @@
 of its model (TF Serving serves every signature of a SavedModel, chosen per request).
 
 A view has the parts of a group a request uses (``signature``, ``version``, ``backend``,
-``lanes``, ``codec``, ``run``, ``run_on``, ``run_traced``, ``serve``, ``serve_batched``), so the
+``lanes``, ``codec``, ``run``, ``run_on``, ``run_traced``, ``serve``, ``batch_queue``), so the
 DataPlane, the batching queue and the prediction log take it where they take a group. Its runs
 go through the group's update gate and lane policy to the backend's ``run_signature`` (one
 parameter copy, one version). A view belongs to its group (made once per signature, on first
@@ -25,6 +25,8 @@ from ..wire_codec import WireCodec
 
 class SignatureView:
     """See the module doc."""
+
+    batch_queue = None  # no native queue: the reference batcher takes its wire requests
 
     def __init__(self, group: Any, signature: Signature) -> None:  # group: its SessionGroup
         self._group = group
@@ -55,6 +57,3 @@ class SignatureView:
         wire = self.codec
         feeds, keys, aliases = wire.decode(data)
         return wire.encode(keys, self.run(feeds, aliases))
-
-    def serve_batched(self, data: bytes | memoryview, deadline: float | None) -> None:
-        return None  # no native queue: the Python batcher takes the request

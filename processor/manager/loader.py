@@ -58,15 +58,18 @@ class DeltaApplied:
 
 
 class VersionLoader:
-    """See the module doc. ``open_group(config, version, features=...)`` and
-    ``warm(group, local_version, warmup_file, config)`` may be replaced (tests use fakes)."""
+    """See the module doc. ``batching``: the model's ModelBatching, which every group it opens
+    gets (their native queues share its row budget). ``open_group(config, version, features=...,
+    batching=...)`` and ``warm(group, local_version, warmup_file, config)`` may be replaced (tests
+    use fakes)."""
 
     def __init__(self, config: ModelConfig, store: ModelStore, features=None,
                  open_group: Callable[..., Any] = open_session_group,
-                 warm: Callable[..., dict | None] = warm_with_plan) -> None:
+                 warm: Callable[..., dict | None] = warm_with_plan, batching=None) -> None:
         self.config = config
         self.store = store
         self.features = features
+        self.batching = batching
         self._open_group = open_group
         self._warm = warm
 
@@ -76,7 +79,7 @@ class VersionLoader:
     def open(self, version: ModelVersion, local: ModelVersion):
         """A new group over ``local`` that serves ``version`` (no delta applied yet)."""
         try:
-            group = self._open_group(self.config, local, features=self.features)
+            group = self._open_group(self.config, local, features=self.features, batching=self.batching)
         except Exception as exc:
             raise as_processor_error(exc) from exc
         group.version = version  # loaded from the local copy; serves (and reports) the store's version

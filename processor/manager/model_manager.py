@@ -64,7 +64,7 @@ class ModelManager:
     """See the module doc."""
 
     def __init__(self, name: str, config: ModelConfig, store: ModelStore | None = None,
-                 loader: VersionLoader | None = None, clock: Any = time) -> None:
+                 loader: VersionLoader | None = None, clock: Any = time, batching=None) -> None:
         self.name = name
         self.config = config
         self.store = store or ModelStore.for_config(config)
@@ -88,7 +88,8 @@ class ModelManager:
                       "last_delta_hold_seconds": None}
         # Embedding tables outside TensorFlow (feature_store_type / ev_storage_type); None: in TF.
         self.features = open_feature_store(config, name)
-        self.loader = loader or VersionLoader(config, self.store, self.features)
+        # ``batching``: the model's ModelBatching, for the native queue of each group it opens.
+        self.loader = loader or VersionLoader(config, self.store, self.features, batching=batching)
 
     @property
     def state(self) -> VersionState:

@@ -58,7 +58,7 @@ def test_the_first_load_goes_loading_warming_ready(store):
     seen = []
 
     class Recording(FakeBackend):
-        def open(self, config, version, features=None):
+        def open(self, config, version, features=None, batching=None):
             seen.append(m.state)
             return super().open(config, version, features)
 
