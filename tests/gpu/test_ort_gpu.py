@@ -13,26 +13,11 @@ import pytest
 
 from demo import dlrm_onnx
 from processor import codec
+from processor.engine.onnx.param_buffers import why_no_gpu
 from sp_checks import assert_outputs_close
 
 
-def _why_no_gpu() -> str:
-    import onnxruntime as ort
-
-    from processor.engine.device_plan import cuda_device_count
-
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
-        return f"onnxruntime {ort.__version__} has no CUDA execution provider (install onnxruntime-gpu)"
-    if cuda_device_count() == 0:
-        return "the CUDA driver reports no device"
-    try:
-        import torch
-    except ImportError:
-        return "PyTorch (the gpu extra's array library) is not installed"
-    return "" if torch.cuda.is_available() else f"PyTorch {torch.__version__} sees no CUDA device"
-
-
-WHY = _why_no_gpu()
+WHY = why_no_gpu()
 pytestmark = pytest.mark.skipif(bool(WHY), reason=f"no GPU for ONNX Runtime: {WHY}")
 BATCHES = (1, 256, 2048)
 

@@ -123,6 +123,21 @@ class CudaMemory:
         self._torch.cuda.empty_cache()
 
 
+def why_no_gpu() -> str:
+    """Why ONNX Runtime's GPU lanes cannot run on this host ("" when they can): no CUDA provider,
+    no CUDA device, or no PyTorch with CUDA for the parameter buffers."""
+    from ..device_plan import ort_visible_gpus
+
+    count, why = ort_visible_gpus()
+    if not count:
+        return why
+    try:
+        import torch
+    except ImportError:
+        return "PyTorch (the gpu extra's array library) is not installed"
+    return "" if torch.cuda.is_available() else f"PyTorch {torch.__version__} sees no CUDA device"
+
+
 def memory_for(gpu: int | None) -> HostMemory | CudaMemory:
     """The memory class of a place: the host (``None``) or GPU ``gpu``."""
     return HostMemory() if gpu is None else CudaMemory(gpu)
