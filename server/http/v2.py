@@ -125,6 +125,7 @@ def inflate(body: bytes | bytearray, wbits: int, limits: BodyLimits) -> bytearra
     """A gzip / deflate body, inflated a step at a time: PayloadTooLarge as soon as it grows over
     ``limits.limit`` (the memory budget held for its size as it grows); InvalidArgument when it
     is not such data."""
+    kind = "gzip" if wbits > 15 else "deflate"
     inflater = zlib.decompressobj(wbits)
     out = bytearray()
     data: bytes | bytearray | memoryview = body
@@ -139,10 +140,10 @@ def inflate(body: bytes | bytearray, wbits: int, limits: BodyLimits) -> bytearra
             data = inflater.unconsumed_tail
         out += inflater.flush()
     except zlib.error as exc:
-        raise InvalidArgument(f"the request body is not valid {'gzip' if wbits > 15 else 'deflate'} data: "
+        raise InvalidArgument(f"the request body is not valid {kind} data: "
                               f"{oip.echo(str(exc))}") from None
     if not inflater.eof or inflater.unused_data:
-        raise InvalidArgument("the compressed request body is truncated or has bytes after its end")
+        raise InvalidArgument(f"the {kind} request body is truncated or has bytes after its end")
     if len(out) > limits.limit:
         raise PayloadTooLarge(f"the request body inflates to more than {limits.limit} bytes ({limits.setting})")
     return out
