@@ -7,6 +7,7 @@ processor's (:mod:`processor.request`): the DataPlane checks them in the acquire
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,10 +75,12 @@ def signature_def(signature: Signature):
     return sig
 
 
-def signature_def_json(signature: Signature) -> dict[str, Any]:
-    """TF Serving's REST metadata ``{"signature_def": {"signature_def": {name: ...}}}``."""
+def signature_def_json(signatures: Iterable[Signature]) -> dict[str, Any]:
+    """TF Serving's REST metadata ``{"signature_def": {"signature_def": {name: ...}}}`` of every
+    signature served."""
     from google.protobuf import json_format
 
-    body = json_format.MessageToDict(signature_def(signature), preserving_proto_field_name=True,
-                                     always_print_fields_with_no_presence=True)
-    return {"signature_def": {"signature_def": {signature.name: body}}}
+    return {"signature_def": {"signature_def": {
+        s.name: json_format.MessageToDict(signature_def(s), preserving_proto_field_name=True,
+                                          always_print_fields_with_no_presence=True)
+        for s in signatures}}}

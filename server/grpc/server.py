@@ -9,10 +9,9 @@ Services:
   empty ``process()`` are: the answer is the signature as JSON bytes (not a ``PredictResponse``;
   read it with a raw-bytes call, e.g. ``channel.unary_unary(path)``), with the trailing
   metadata ``x-response-format: signature-json``.
-* ``tensorflow.serving.PredictionService`` ``Predict`` and ``GetModelMetadata``, and
-  ``tensorflow.serving.ModelService/GetModelStatus``: the messages of the
-  ``tensorflow-serving-api`` package, so unchanged TF Serving clients work. Other methods
-  (Classify, Regress, MultiInference, HandleReloadConfigRequest) answer UNIMPLEMENTED.
+* ``tensorflow.serving.PredictionService`` (Predict, Classify, Regress, MultiInference,
+  GetModelMetadata) and ``tensorflow.serving.ModelService/GetModelStatus``: the messages of the
+  ``tensorflow-serving-api`` package, so unchanged TF Serving clients work (:mod:`.tfs`).
 * ``grpc.health.v1.Health``: ``""`` is SERVING when every model is ready; each service name when
   at least one model is; each model name when that model is; all NOT_SERVING while draining.
 
@@ -39,17 +38,14 @@ import grpc
 from processor.errors import InvalidArgument, edge_error
 from processor.request import PredictCall
 
-from .. import tfserving
 from ..deadline import from_grpc
 from ..logs import new_request_id, request_id_var
 from ..runtime import ServingRuntime
-from . import parse, tensor_proto, v2
+from . import tfs, v2
 
 log = logging.getLogger("server.grpc")
 
 PROCESSOR_SERVICE = "tensorflow.eas.ProcessorService"
-PREDICTION_SERVICE = "tensorflow.serving.PredictionService"
-MODEL_SERVICE = "tensorflow.serving.ModelService"
 MODEL_NAME_KEYS = ("model-name", "x-model-name")
 MAX_MESSAGE = 4096  # characters of an error message sent (a client's metadata limit is 8-16 KiB)
 
@@ -109,75 +105,6 @@ class _Handlers:
             return result.outputs
         return self._call("predict", model, context, work)
 
-    # --- TF Serving --------------------------------------------------------------------------
-
-    def _spec(self, spec) -> tuple[str, int | None, str | None]:
-        version = spec.version.value if spec.HasField("version") else None
-        label = spec.version_label if spec.HasField("version_label") else None
-        return spec.name, version, label
-
-    def tfs_predict(self, request, context: grpc.ServicerContext):
-        from tensorflow_serving.apis import predict_pb2
-
-        name, version, label = self._spec(request.model_spec)
-
-        def work():
-            arrays = {key: tensor_proto.to_numpy(key, proto) for key, proto in request.inputs.items()}
-            result = self.rt.dataplane.predict(PredictCall(
-                name, arrays, version=version, label=label, signature_name=request.model_spec.signature_name,
-                output_filter=list(request.output_filter), deadline=from_grpc(context)))
-            response = predict_pb2.PredictResponse()
-            response.model_spec.name = name
-            response.model_spec.version.value = result.version_number
-            response.model_spec.signature_name = result.signature.name
-            for key, array in result.outputs.items():
-                tensor_proto.from_numpy(array, response.outputs[key])
-            return response
-        return self._call("tfs_predict", name, context, work)
-
-    def tfs_metadata(self, request, context: grpc.ServicerContext):
-        from tensorflow_serving.apis import get_model_metadata_pb2
-
-        name, version, label = self._spec(request.model_spec)
-
-        def work():
-            fields = list(request.metadata_field)
-            unsupported = [f for f in fields if f != "signature_def"]
-            if unsupported or not fields:
-                raise InvalidArgument(f"Metadata field {unsupported[0] if unsupported else '(none)'} "
-                                      f"is not supported; ask for 'signature_def'")
-            served = self.rt.dataplane.served(name, version, label)
-            sig_map = get_model_metadata_pb2.SignatureDefMap()
-            sig_map.signature_def[served.signature.name].CopyFrom(tfserving.signature_def(served.signature))
-            response = get_model_metadata_pb2.GetModelMetadataResponse()
-            response.model_spec.name = name
-            response.model_spec.version.value = served.version_number
-            response.metadata["signature_def"].Pack(sig_map)
-            return response
-        return self._call("tfs_metadata", name, context, work)
-
-    def tfs_status(self, request, context: grpc.ServicerContext):
-        from tensorflow_serving.apis import get_model_status_pb2
-
-        name, version, label = self._spec(request.model_spec)
-
-        def work():
-            statuses = tfserving.served_model_status(self.rt.model(name), version, label)
-            response = get_model_status_pb2.GetModelStatusResponse()
-            State = get_model_status_pb2.ModelVersionStatus.State
-            for s in statuses:
-                item = response.model_version_status.add(version=s.version, state=State.Value(s.state))
-                item.status.error_code = _error_code(s.error_code)
-                item.status.error_message = s.error_message
-            return response
-        return self._call("tfs_status", name, context, work)
-
-
-def _error_code(name: str) -> int:
-    from tensorflow.core.protobuf import error_codes_pb2
-
-    return error_codes_pb2.Code.Value(name)
-
 
 def _identity(data: bytes) -> bytes:
     return data
@@ -190,23 +117,7 @@ def _generic_handlers(rt: ServingRuntime) -> list[grpc.GenericRpcHandler]:
             h.eas_predict, request_deserializer=_identity, response_serializer=_identity),
     })]
     handlers.append(v2.generic_handler(h))  # the Open Inference Protocol (KServe v2)
-    try:
-        from tensorflow_serving.apis import get_model_metadata_pb2, get_model_status_pb2, predict_pb2
-    except ImportError as exc:
-        log.warning("TF Serving gRPC API disabled: %s (install tensorflow-serving-api with "
-                    "--no-deps, as scripts/setup.sh does)", exc)
-        return handlers
-    # requests parsed in the handler: bytes that are not the message are INVALID_ARGUMENT
-    handlers.append(grpc.method_handlers_generic_handler(PREDICTION_SERVICE, {
-        "Predict": parse.unary(h.tfs_predict, predict_pb2.PredictRequest, predict_pb2.PredictResponse,
-                               h._call, "tfs_predict"),
-        "GetModelMetadata": parse.unary(h.tfs_metadata, get_model_metadata_pb2.GetModelMetadataRequest,
-                                        get_model_metadata_pb2.GetModelMetadataResponse, h._call, "tfs_metadata"),
-    }))
-    handlers.append(grpc.method_handlers_generic_handler(MODEL_SERVICE, {
-        "GetModelStatus": parse.unary(h.tfs_status, get_model_status_pb2.GetModelStatusRequest,
-                                      get_model_status_pb2.GetModelStatusResponse, h._call, "tfs_status"),
-    }))
+    handlers.extend(tfs.generic_handlers(h))  # TF Serving's PredictionService and ModelService
     return handlers
 
 
@@ -239,7 +150,7 @@ class Health:
         ready = {m.name: m.ready and not draining for m in self.rt.models}
         self.servicer.set("", serving if ready and all(ready.values()) else not_serving)
         any_ready = serving if any(ready.values()) else not_serving
-        for service in (PROCESSOR_SERVICE, PREDICTION_SERVICE, MODEL_SERVICE, v2.SERVICE):
+        for service in (PROCESSOR_SERVICE, tfs.PREDICTION_SERVICE, tfs.MODEL_SERVICE, v2.SERVICE):
             self.servicer.set(service, any_ready)
         for name, ok in ready.items():
             self.servicer.set(name, serving if ok else not_serving)

@@ -2,7 +2,10 @@
 
 Inputs may use ``tensor_content`` (what ``tf.make_tensor_proto`` writes for numbers) or the typed
 repeated fields (one value is broadcast, as TensorFlow does); outputs are written the way TF
-Serving writes them: ``tensor_content`` for numbers, ``string_val`` for strings, so
+Serving writes them (``Tensor::AsProtoField``): the typed field of the dtype (``float_val``,
+``int64_val``, ``int_val`` for the small integers, ``half_val`` holding float16 / bfloat16 bits,
+``string_val``, ...), or with ``tensor_content=True`` (its
+``enable_serialization_as_tensor_content``) numbers as ``tensor_content`` bytes; either way
 ``tf.make_ndarray`` reads them back. Problems raise InvalidArgument naming the input.
 """
 
@@ -61,13 +64,24 @@ def _fit(name: str, flat: np.ndarray, shape: tuple[int, ...], count: int) -> np.
                           f"{flat.size} were given")
 
 
-def from_numpy(array: np.ndarray, proto) -> None:
-    """Fill ``proto`` (a TensorProto) from ``array``."""
+_HALF_BITS = (DT_HALF, 14)  # half, bfloat16: their bits in half_val
+
+
+def from_numpy(array: np.ndarray, proto, tensor_content: bool = False) -> None:
+    """Fill ``proto`` (a TensorProto) from ``array``: the dtype's typed field, or (numbers, with
+    ``tensor_content``) the raw bytes."""
     dt = dtype_of_array(array)
     proto.dtype = dt
     for d in array.shape:
         proto.tensor_shape.dim.add(size=d)
+    flat = array.ravel()
     if dt == DT_STRING:
-        proto.string_val.extend(v if isinstance(v, bytes) else str(v).encode() for v in array.ravel().tolist())
-    else:
+        proto.string_val.extend(v if isinstance(v, bytes) else str(v).encode() for v in flat.tolist())
+    elif tensor_content or dt not in _TYPED_FIELD and dt not in _HALF_BITS:
         proto.tensor_content = np.ascontiguousarray(array).tobytes()
+    elif dt in _HALF_BITS:
+        proto.half_val.extend(flat.view(np.uint16).tolist())
+    elif dt in (8, 18):  # complex: (real, imaginary) pairs
+        getattr(proto, _TYPED_FIELD[dt]).extend(flat.view(np.float32 if dt == 8 else np.float64).tolist())
+    else:
+        getattr(proto, _TYPED_FIELD[dt]).extend(flat.tolist())

@@ -6,8 +6,9 @@ Endpoints (OpenAPI at ``/docs`` and ``/openapi.json``):
   in, ``PredictResponse`` bytes out (DeepRec / EAS); an empty body returns the signature JSON,
   as ``process()`` does. ``GET /api/models``, ``GET /api/models/{model}``: model info.
 * TensorFlow Serving REST: ``POST /v1/models/{name}[/versions/{v}|/labels/{l}]:predict``
-  (row and columnar JSON, b64), ``GET /v1/models/{name}[/versions/{v}|/labels/{l}][/metadata]``
-  (status, metadata); case-insensitive paths, as TF Serving's regexes.
+  (row and columnar JSON, b64), ``:classify`` and ``:regress`` (``examples``, ``context``),
+  ``GET /v1/models/{name}[/versions/{v}|/labels/{l}][/metadata]`` (status, metadata: every
+  signature); case-insensitive paths, as TF Serving's regexes.
 * Probes: ``/healthz`` and ``/v2/health/live`` (liveness), ``/readyz`` and ``/v2/health/ready``
   (every model loaded and warm, not draining), ``/v2/models/{name}/ready``.
 * Prometheus: ``/metrics`` and ``/monitoring/prometheus/metrics``.
@@ -204,6 +205,11 @@ def create_http_app(rt: ServingRuntime) -> Any:
             return JSONResponse(tfs_status(rt, name, wanted, label))
         return await serve(name, "tfs_metadata" if metadata else "tfs_status", work)
 
+    @app.api_route("/v1/{path:path}", methods=["GET", "POST"], include_in_schema=False)
+    async def tfs_malformed(path: str, request: Request) -> Response:
+        # any other /v1 path: TF Serving's handler owns /v1/.* and answers it so
+        return error_response(InvalidArgument(f"Malformed request: {request.method} {request.url.path}"))
+
     # --- probes and metrics ------------------------------------------------------------------
 
     @app.get("/healthz", tags=["health"], summary="Liveness")
@@ -396,7 +402,7 @@ def tfs_status(rt: ServingRuntime, name: str, version: int | None, label: str | 
 def tfs_metadata(rt: ServingRuntime, name: str, version: int | None, label: str | None) -> dict:
     served = rt.dataplane.served(name, version, label)
     return {"model_spec": {"name": name, "signature_name": "", "version": str(served.version_number)},
-            "metadata": tfserving.signature_def_json(served.signature)}
+            "metadata": tfserving.signature_def_json(served.signatures.values())}
 
 
 def model_details(rt: ServingRuntime, name: str) -> dict:

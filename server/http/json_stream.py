@@ -64,7 +64,9 @@ def parse_error(exc: ValueError, offset: int = 0) -> InvalidArgument:
         return InvalidArgument(f"JSON Parse error: the body is not valid UTF-8 (byte {offset + exc.start})")
     if msg is None or pos is None:
         return InvalidArgument(f"JSON Parse error: {clip(str(exc), 200)}")
-    return InvalidArgument(f"JSON Parse error: {clip(msg, 200)[1:-1]} at byte {offset + pos}")
+    # rapidjson's words (TF Serving's parser) where clients match them: "Invalid value."
+    text = "Invalid value" if msg == "Expecting value" else clip(msg, 200)[1:-1]
+    return InvalidArgument(f"JSON Parse error: {text} at byte {offset + pos}")
 
 
 def loads(text: bytes | bytearray | memoryview, offset: int = 0) -> Any:
@@ -131,7 +133,7 @@ class Document:
         lo = self._skip_ws(0, len(self.buf))
         hi = self._skip_ws_back(lo, len(self.buf))
         if lo >= hi:
-            raise InvalidArgument("JSON Parse error: the request body is empty")
+            raise InvalidArgument("JSON Parse error: The document is empty")
         return Span(lo, hi)
 
     def opener(self, span: Span) -> int:

@@ -1,5 +1,5 @@
 """The predict endpoints as plain ASGI handlers: ``POST /api/predict/{model}`` (our wire format)
-and ``POST /v1/models/...:predict`` (TF Serving REST).
+and ``POST /v1/models/...:predict|classify|regress`` (TF Serving REST).
 
 They are the hot path, so :class:`~server.http.app.RequestContext` sends them here directly,
 skipping FastAPI's routing and request objects (about a fifth of a batch-1 request's CPU); the
@@ -17,13 +17,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from processor.errors import InvalidArgument, Unavailable, edge_error
+from processor.errors import InvalidArgument, SignatureNotFound, Unavailable, edge_error
 from processor.request import PredictCall, parse_version
 from processor.signature import Signature
 
+from .. import tfs_inference
 from ..deadline import from_http_headers
 from ..runtime import ServingRuntime
-from . import tfs_json, tfs_json_encode
+from . import tfs_examples, tfs_json, tfs_json_encode
 from .body import Receive, read_body
 from .memory_budget import DEFAULT_BUDGET, Hold, MemoryBudget, trim_heap
 
@@ -131,7 +132,10 @@ class PredictRoutes:
 def tfs_predict(rt: ServingRuntime, name: str, version: int | None, label: str | None, method: str,
                 body: bytes | bytearray, deadline: float | None = None,
                 limits: tfs_json.Limits = tfs_json.Limits(), hold: Hold | None = None) -> bytes | bytearray:
-    """TF Serving REST predict (on the model's thread pool): JSON in, JSON out."""
+    """TF Serving REST ``method`` (predict, classify, regress; on the model's thread pool): JSON
+    in, JSON out. Predict's shapes are TF Serving's: the graph decides (``check_shapes=False``)."""
+    if method != "predict":
+        return tfs_classify_regress(rt, name, version, label, method, body, deadline, limits.max_depth)
     size = len(body)
     try:
         request = tfs_json.parse_request(body, limits)
@@ -140,9 +144,6 @@ def tfs_predict(rt: ServingRuntime, name: str, version: int | None, label: str |
         def decode(signature: Signature):
             """The JSON's arrays for the served signature (the DataPlane calls it in its acquire)."""
             nonlocal request, fmt
-            if method != "predict":
-                raise InvalidArgument(f"Expected {method} signature method_name to be "
-                                      f"tensorflow/serving/{method}. Was: {signature.method}")
             arrays, fmt = tfs_json.decode_request(request, signature, hold.charge if hold else None)
             request = None  # decoded: the parsed JSON's memory goes now, not after the reply
             if isinstance(body, bytearray) and size >= tfs_json.SMALL_BODY:
@@ -152,10 +153,33 @@ def tfs_predict(rt: ServingRuntime, name: str, version: int | None, label: str |
                     pass
             return arrays
 
-        outputs = rt.dataplane.predict(PredictCall(name, decode, version=version, label=label,
-                                                   signature_name=request.signature_name,
-                                                   deadline=deadline)).outputs
+        try:
+            outputs = rt.dataplane.predict(PredictCall(name, decode, version=version, label=label,
+                                                       signature_name=request.signature_name,
+                                                       deadline=deadline, check_shapes=False)).outputs
+        except SignatureNotFound as exc:  # TF Serving's REST wording
+            raise InvalidArgument(f"Serving signature name: {json.dumps(exc.name[:80])} not found in "
+                                  f"signature def") from None
         return tfs_json_encode.encode_predict(outputs, fmt)
     finally:
         if size >= tfs_json.SMALL_BODY:
             trim_heap()  # hand the freed decode memory back to the OS
+
+
+def tfs_classify_regress(rt: ServingRuntime, name: str, version: int | None, label: str | None, method: str,
+                         body: bytes | bytearray, deadline: float | None = None,
+                         max_depth: int = tfs_json.MAX_DEPTH) -> bytes:
+    """TF Serving REST ``:classify`` / ``:regress`` (on the model's thread pool): the examples
+    JSON (:mod:`server.http.tfs_examples`) in, ``{"results": ...}`` out."""
+    from tensorflow_serving.apis import classification_pb2, regression_pb2
+
+    request = (classification_pb2.ClassificationRequest() if method == "classify"
+               else regression_pb2.RegressionRequest())
+    request.model_spec.name = name
+    if version is not None:
+        request.model_spec.version.value = version
+    elif label is not None:
+        request.model_spec.version_label = label
+    tfs_examples.fill_request(body, request, max_depth)
+    run = tfs_inference.classify if method == "classify" else tfs_inference.regress
+    return json.dumps(tfs_inference.result_json(method, run(rt.dataplane, request, deadline))).encode()

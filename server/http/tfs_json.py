@@ -72,11 +72,12 @@ def parse_request(body: bytes | bytearray, limits: Limits = Limits()) -> Request
     """The body's top level, checked (a JSON object with ``instances`` or ``inputs`` and an
     optional string ``signature_name``); large bodies are indexed, not parsed."""
     if not body:
-        raise InvalidArgument("JSON Parse error: the request body is empty")
+        raise InvalidArgument("JSON Parse error: The document is empty")
     if len(body) <= SMALL_BODY:
         doc = parse_body(body, limits.max_depth)
+        name = _signature_name(doc.get("signature_name", ""))  # checked first, as TF Serving does
         fmt, value = _which(doc)
-        return Request(_signature_name(doc.get("signature_name", "")), fmt, value, None, limits)
+        return Request(name, fmt, value, None, limits)
     document = Document(body, limits.max_depth)
     root = document.root()
     if not document.is_object(root):
@@ -115,7 +116,7 @@ def _which(doc: dict[str, Any]) -> tuple[str, Any]:
 
 def _signature_name(value: Any) -> str:
     if not isinstance(value, str):
-        raise InvalidArgument("'signature_name' must be a string")
+        raise InvalidArgument("'signature_name' key must be a string value.")
     return value
 
 
@@ -141,7 +142,7 @@ def decode_request(request: Request, signature: Signature, charge: Callable[[int
 def parse_body(body: bytes | bytearray, max_depth: int = MAX_DEPTH) -> dict[str, Any]:
     """A whole (small) body as a Python object; InvalidArgument for anything but a JSON object."""
     if not body:
-        raise InvalidArgument("JSON Parse error: the request body is empty")
+        raise InvalidArgument("JSON Parse error: The document is empty")
     try:
         doc = _fast_loads(body)  # orjson: nesting up to 1024 levels, numpy refuses arrays over 64
     except ValueError:  # NaN / Infinity, lone surrogates, errors: the json module, depth first

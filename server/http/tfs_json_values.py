@@ -76,8 +76,9 @@ def check_kind(array: np.ndarray, spec: TensorSpec, wire, name: str, final: bool
     if not ok:
         want = "true/false" if spec.dtype == DT_BOOL else (
             "integers" if wire.numpy.kind in "iu" else "numbers")
+        # "not of expected type": TF Serving's words, which its clients match
         raise InvalidArgument(f"input {clip(name)} expects {want} ({dtype_name(spec.dtype)}); got "
-                              f"{describe_kind(array)}")
+                              f"{describe_kind(array)}, not of expected type: {dtype_name(spec.dtype)[3:].lower()}")
     if wire.numpy.kind in "iu" and kind in "iu" and array.size:
         info = np.iinfo(wire.numpy)
         if array.min() < info.min or array.max() > info.max:

@@ -50,8 +50,9 @@ def _write_asset(directory: Path) -> str:
     return str(path)
 
 
-def export_tf1(base: Path) -> Path:
-    """The TF1 graph export (``saved_model_half_plus_two_cpu``); returns the version directory."""
+def export_tf1(base: Path, b: float = 2.0) -> Path:
+    """The TF1 graph export (``saved_model_half_plus_two_cpu``); returns the version directory.
+    ``b=3`` makes ``saved_model_half_plus_three`` (y = 0.5x + 3)."""
     import tensorflow.compat.v1 as tf
 
     sig = tf.saved_model.signature_def_utils
@@ -76,7 +77,7 @@ def export_tf1(base: Path) -> Path:
     with tf.Session(graph=tf.Graph()) as sess:
         with tf.device("/cpu:0"):
             a = tf.Variable(0.5, name="a")
-            b = tf.Variable(2.0, name="b")
+            b = tf.Variable(b, name="b")
             c = tf.Variable(3.0, name="c")
             serialized_tf_example = tf.placeholder(tf.string, name="tf_example", shape=[None])
             tf_example = tf.parse_example(serialized_tf_example, _feature_spec(tf))

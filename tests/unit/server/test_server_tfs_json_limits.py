@@ -14,7 +14,7 @@ import pytest
 
 from processor import request as call_checks
 from processor.dtypes import DT_BOOL, DT_DOUBLE, DT_FLOAT, DT_INT32, DT_INT64, DT_STRING
-from processor.errors import InvalidArgument, NotFound, PayloadTooLarge, ProcessorError, Unavailable
+from processor.errors import InvalidArgument, PayloadTooLarge, ProcessorError, SignatureNotFound, Unavailable
 from processor.signature import Signature, TensorSpec
 from server.http import body as body_mod
 from server.http import json_stream, memory_budget, tfs_json, tfs_json_encode
@@ -46,7 +46,8 @@ def decode(body: bytes | str, sig: Signature, limits=tfs_json.Limits()):
     if isinstance(body, str):
         body = body.encode("utf-8", "surrogatepass")
     request = tfs_json.parse_request(body, limits)
-    call_checks.check_signature_name(request.signature_name, sig)
+    if request.signature_name:
+        call_checks.served_signature(request.signature_name, {sig.name: sig})
     return tfs_json.decode_request(request, sig)
 
 
@@ -137,7 +138,7 @@ BAD = [
     ('{"inputs": {"tokens": [["a", "\\udfff"]]}}', MULTI, InvalidArgument, "unpaired UTF-16 surrogate"),
     ('{"inputs": {"tokens": [["a", "\\ud800\\u0041"]]}}', MULTI, InvalidArgument, "unpaired UTF-16 surrogate"),
     ('{"inputs": {"\\udfff": [1]}}', MULTI, InvalidArgument, "unknown input"),
-    ('{"signature_name": "\\udfff", "inputs": [[1]]}', TOY, NotFound, "not found in signature def"),
+    ('{"signature_name": "\\udfff", "inputs": [[1]]}', TOY, SignatureNotFound, "not found."),
     ("[" * 100_000, TOY, InvalidArgument, "nesting deeper than 64"),
     ('{"a":' * 3000, TOY, InvalidArgument, "nesting deeper than 64"),
     ('{"inputs": ' + "[" * 70 + "1" + "]" * 70 + "}", TOY, InvalidArgument, "nesting deeper than 64"),
@@ -157,7 +158,7 @@ BAD = [
     ('{"inputs": {"flag": [null]}}', MULTI, InvalidArgument, "expects true/false"),
     ('{"inputs": {"tokens": [[1, 2]]}}', MULTI, InvalidArgument, "expects strings"),
     ('{"instances": [[1.0]], "signature_name": 7}', TOY, InvalidArgument, "must be a string"),
-    ('{"instances": [[1.0]], "signature_name": "' + HUGE + '"}', TOY, NotFound, "not found in signature def"),
+    ('{"instances": [[1.0]], "signature_name": "' + HUGE + '"}', TOY, SignatureNotFound, "not found."),
     ('{"instances": [{"' + HUGE + '": [1.0]}]}', TOY, InvalidArgument, "unknown input"),
     ('{"instances": [{"x": [1.0]}, {"' + HUGE + '": [1.0]}]}', TOY, InvalidArgument, "same inputs"),
     ('{"inputs": {"tokens": [[{"b64": "' + HUGE + '!"}, "a"]]}}', MULTI, InvalidArgument, "invalid base64"),
