@@ -165,7 +165,7 @@ class DeploymentConfig(BaseModel):
     # admin endpoints also accept an HTTPS client whose certificate verifies against
     # tls_client_ca_file (its subject CN or a DNS/URI SAN in admin_client_cert_names; empty: any)
     admin_client_cert: bool = False
-    admin_client_cert_names: tuple[str, ...] = ()
+    admin_client_cert_names: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _tls(self) -> DeploymentConfig:

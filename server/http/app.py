@@ -258,7 +258,7 @@ def create_http_app(rt: ServingRuntime) -> Any:
     # --- admin -------------------------------------------------------------------------------
 
     gate = AdminGate(rt.admin_token, dep.admin_allow_without_token,
-                     dep.admin_client_cert_names if dep.admin_client_cert else None)
+                     tuple(dep.admin_client_cert_names) if dep.admin_client_cert else None)
 
     async def admin(request: Request, model: str, action: str, fn: Callable[[str], dict]) -> Response:
         caller = _caller(request)

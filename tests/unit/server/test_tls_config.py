@@ -89,6 +89,12 @@ def test_bad_keys_name_the_key(top, key):
     assert exc.value.message.startswith(key), exc.value.message
 
 
+def test_admin_client_cert_names_from_json(pki):
+    d = deployment(pki, tls_client_ca_file=str(pki / "ca.crt"), admin_client_cert=True,
+                   admin_client_cert_names=["ops", "spiffe://cluster/ns/ops"])
+    assert d.admin_client_cert_names == ["ops", "spiffe://cluster/ns/ops"]
+
+
 def test_tls_13_is_allowed_when_grpc_is_plaintext(pki):
     d = deployment(pki, tls_min_version="1.3", grpc_tls=False)
     assert tls.ssl_context(tls.load_material(d), d).minimum_version == ssl.TLSVersion.TLSv1_3
