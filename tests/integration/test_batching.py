@@ -87,6 +87,38 @@ def test_a_bad_request_in_a_crowd_fails_alone_with_its_own_error(ctr_model_small
             assert_same_predictions(answer, expected)
 
 
+@pytest.mark.parametrize("backend", ["onnxruntime", "tensorflow"])
+def test_process_many_merges_with_concurrent_process_calls(ctr_model_small, make_processor, backend):
+    """One queue per model: the C ABI's batch_process (``process_many``) and concurrent
+    ``process`` calls fill one batch together. The batch runs only when full (8 rows; the
+    timeout is far away), so one merged call means they met in the same queue."""
+    base = model_config(ctr_model_small, backend=backend, use_per_session_threads=True)
+    p = make_processor({**base, "batching": {"max_batch_size": 8, "batch_timeout_micros": 10_000_000,
+                                             "num_batch_threads": 1}})
+    plain = make_processor(base)
+    requests = ctr_requests_of_one_row(8)
+    before = p.model_info()["batching"]
+    answers: dict = {}
+    clients = [threading.Thread(target=lambda: answers.update(many=p.process_many(requests[:4])))]
+    clients += [threading.Thread(target=lambda i=i: answers.update({i: p.process(requests[i])})) for i in range(4, 8)]
+    for c in clients:
+        c.start()
+    for c in clients:
+        c.join(60)
+    got = answers["many"] + [answers[i] for i in range(4, 8)]
+    for g, request in zip(got, requests):
+        assert_same_predictions(g, plain.process(request))
+    after = p.model_info()["batching"]
+    assert after["native_queue"] is True
+    assert (after["batches"] - before["batches"], after["requests"] - before["requests"]) == (1, 8), after
+
+
+def ctr_requests_of_one_row(count: int) -> list[bytes]:
+    from demo.synthetic_data import synthetic_batch
+
+    return [codec.encode_request(synthetic_batch(1, 900 + i)) for i in range(count)]
+
+
 # --- every dtype the codec supports: merged bytes equal unbatched bytes ------------------------
 
 NUMERIC = {  # alias: (dtype, trailing shape, op)
