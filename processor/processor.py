@@ -81,8 +81,9 @@ class Processor:
             return _answer(edge_error(exc, EDGE, log))
 
     def process_many(self, requests: list[bytes | memoryview]) -> list[tuple[int, bytes]]:
-        """:meth:`process` for each request; with batching they are queued together, so they run
-        merged (with each other and with concurrent requests)."""
+        """:meth:`process` for each request; with batching they are all queued before any is
+        awaited, on the model's one queue (:meth:`DataPlane.predict_many`), so they run merged
+        with each other and with concurrent :meth:`process` calls."""
         try:
             results = self.dataplane.predict_many(self.name, [data for data in requests if data])
         except Exception as exc:
