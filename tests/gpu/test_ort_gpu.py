@@ -8,6 +8,8 @@ tolerance of floats computed by other kernels.
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -79,17 +81,20 @@ def test_one_device_copy_is_shared_and_a_delta_reaches_every_gpu_lane(dlrm_dir, 
         np.testing.assert_allclose(lane_answer, want, rtol=1e-5, atol=1e-5)
 
 
-def test_buffers_are_released_after_the_group_closes(dlrm_dir, make_processor):
+def test_buffers_are_released_after_the_group_closes(dlrm_dir):
+    import json
+
     import torch
+
+    from processor.processor import Processor
 
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated(0)
-    gpu = make_processor(_config(dlrm_dir, gpu_ids_list="0", session_num=2, use_multi_stream=True))
+    gpu = Processor.create("", json.dumps(_config(dlrm_dir, gpu_ids_list="0", session_num=2, use_multi_stream=True)))
     with gpu.manager.acquire() as group:
         buffers = group.backend._parameters.sets[0]
     assert torch.cuda.memory_allocated(0) - base >= buffers.nbytes
+    del group
     gpu.close()
-    import gc
-
     gc.collect()
     assert buffers.released and torch.cuda.memory_allocated(0) == base
