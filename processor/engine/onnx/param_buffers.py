@@ -43,7 +43,8 @@ def ortvalue_from_dlpack(make_capsule: Callable[[], Any]):
     """An ``onnxruntime.OrtValue`` over the memory of a legacy DLPack capsule (no copy).
 
     ``make_capsule`` makes a fresh capsule (a capsule is consumed by a failed attempt too).
-    onnxruntime 1.32 takes ``from_dlpack(capsule)``; 1.31 took ``from_dlpack(capsule, is_bool)``.
+    onnxruntime 1.32 takes ``from_dlpack(capsule)``; 1.31 took ``from_dlpack(capsule, is_bool)``;
+    standard (non-training) builds have it since 1.21, the floor of the extras.
     """
     import onnxruntime
     from onnxruntime.capi import _pybind_state
