@@ -328,3 +328,20 @@ def test_the_native_queues_and_the_reference_share_the_model_budget():
         reference.close(5)
     assert queues.wait(second)[0].tolist() == [[4.0]] and reference.wait(third)[0].tolist() == [[6.0]]
     assert queues.budget.used == 0
+
+
+@pytest.mark.skipif(native.MODULE is None, reason="processor._native is not built")
+def test_a_native_ticket_dropped_unawaited_waits_for_its_batch_first():
+    """A ticket keeps the request's bytes the queue reads; dropping it before its batch ran
+    waits for the answer (without the GIL: the runner needs it) instead of freeing them."""
+    group = FakeGroup()
+    queues = NativeQueues(BatchingConfig(max_batch_size=4, batch_timeout_micros=20_000))
+    try:
+        kept = queues.submit(group, rows(1), ("y",))
+        dropped = queues.submit(group, rows(2), ("y",))
+        del dropped  # returns once the batch ran
+        assert group.calls == [(2, ("y",))]
+        assert queues.wait(kept)[0].tolist() == [[2.0]]
+        assert queues.budget.used == 0
+    finally:
+        queues.close()
