@@ -6,7 +6,8 @@ model is the DLRM-like ``.onnx`` of ``demo/dlrm_onnx.py`` with its 26 tables sta
 
 * memory: GPU memory used (``torch.cuda.mem_get_info``, the whole device, minus the figure
   before the model loads) with 1 / 4 / 8 sessions (``use_multi_stream``: one session and stream
-  each), all reading one device copy of the weights; each session adds its own workspace;
+  each), all reading one device copy of the weights; each session adds its own workspace. The
+  control: as many plain ORT CUDA sessions over the model file, each with its own copy;
 * delta: 1% of the table's rows (20,000) written in place once a second while 2 threads send
   batch-256 requests through ``process()``: failed requests, the time requests were held (the
   update gate), written -> served (from the write's start until a request sent after it returns
@@ -102,12 +103,30 @@ class Bench:
                 assert p.process(body)[0] == 200
             used = self.used_mib()
             buffers = p.model_info()["session_group"]["parameter_buffers"]
-            out.append({"sessions": sessions, "gpu_mib": None if used is None else round(used - base, 1),
+            p.close()
+            out.append({"sessions": sessions, "gpu_mib": _delta(used, base), "copy_each_mib": self.copies(sessions),
                         "weights_mib": sum(b["mib"] for b in buffers),
                         "buffers": [f"{b['location']}: {b['sessions']} sessions" for b in buffers]})
-            p.close()
             print("memory", out[-1])
         return out
+
+    def copies(self, sessions: int) -> float | None:
+        """The control: plain ORT sessions over the model file, each with its own copy of the weights."""
+        import onnxruntime as ort
+
+        from demo import dlrm_onnx
+
+        gc.collect()
+        base = self.used_mib()
+        made = [ort.InferenceSession(str(self.model), providers=self.providers()) for _ in range(sessions)]
+        for session in made:
+            session.run(None, dlrm_onnx.inputs(256))
+        used = self.used_mib()
+        del made
+        return _delta(used, base)
+
+    def providers(self) -> list[str]:
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"] if self.gpu else ["CPUExecutionProvider"]
 
     def delta(self) -> dict:
         p = self.processor(2)
@@ -185,8 +204,7 @@ class Bench:
 
         from demo import dlrm_onnx
 
-        providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if self.gpu else ["CPUExecutionProvider"]
-        bare = ort.InferenceSession(str(self.model), providers=providers)
+        bare = ort.InferenceSession(str(self.model), providers=self.providers())
         p = self.processor(1)
         out = []
         for batch in self.args.batches:
@@ -210,6 +228,10 @@ def _probe_request(rows_per_table: int) -> bytes:
 
     sparse = (7 + np.arange(SPARSE, dtype=np.int64)).reshape(1, SPARSE)
     return codec.encode_request({"dense": np.zeros((1, 13), np.float32), "sparse": sparse})
+
+
+def _delta(used: float | None, base: float | None) -> float | None:
+    return None if used is None or base is None else round(used - base, 1)
 
 
 def _ms(seconds: float) -> float:
@@ -248,8 +270,9 @@ def markdown(payload: dict) -> str:
              f"onnxruntime {m['onnxruntime']}; torch {m.get('torch', '-')}; CUDA {m.get('cuda', '-')}; "
              f"table {payload['table_rows']:,} x {DIM} float32; loops of {payload['seconds']} s.", "",
              "## GPU memory (one device copy of the weights, shared)", "",
-             "| sessions | GPU MiB used | weights MiB | buffers |", "|---|---|---|---|"]
-    lines += [f"| {r['sessions']} | {r['gpu_mib']} | {r['weights_mib']} | {'; '.join(r['buffers'])} |"
+             "| sessions | GPU MiB used | plain ORT sessions, a copy each | weights MiB | buffers |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {r['sessions']} | {r['gpu_mib']} | {r['copy_each_mib']} | {r['weights_mib']} | {'; '.join(r['buffers'])} |"
               for r in payload["memory"]]
     d = payload["delta"]
     lines += ["", f"## 1% delta ({d['rows_per_delta']:,} rows) once a second under load (2 threads, batch 256)", "",
