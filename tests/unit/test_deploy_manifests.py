@@ -440,3 +440,113 @@ def test_doc_config_keys_are_config_keys():
             DeploymentConfig.from_dict(data)
         else:
             ModelConfig.from_dict({"savedmodel_dir": "/m", **data})
+
+
+# --- the TLS variant (deploy/kubernetes-tls, issue 31) --------------------------------------------
+
+TLS = ROOT / "deploy" / "kubernetes-tls"
+
+
+def _apply_json6902(doc: dict, ops: list[dict]) -> dict:
+    """The ``add`` / ``replace`` operations kustomize applies (RFC 6902, "-" appends)."""
+    out = copy.deepcopy(doc)
+    for op in ops:
+        assert op["op"] in ("add", "replace"), op
+        *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        node = out
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        if isinstance(node, list):
+            if last == "-":
+                node.append(copy.deepcopy(op["value"]))
+            elif op["op"] == "add":
+                node.insert(int(last), copy.deepcopy(op["value"]))
+            else:
+                node[int(last)] = copy.deepcopy(op["value"])
+        else:
+            assert (last in node) == (op["op"] == "replace"), f"{op['op']} {op['path']}"
+            node[last] = copy.deepcopy(op["value"])
+    return out
+
+
+def _tls_objects() -> dict[str, dict]:
+    """The overlay's objects: the base's, patched as its kustomization says, plus its own."""
+    kust = yaml.safe_load((TLS / "kustomization.yaml").read_text())
+    assert kust["resources"][0] == "../kubernetes"
+    out = {f"{d['kind']}/{d['metadata']['name']}": d for _, d in _objects()}
+    for patch in kust["patches"]:
+        target = patch["target"]
+        key = f"{target['kind']}/{target['name']}"
+        out[key] = _apply_json6902(out[key], yaml.safe_load((TLS / patch["path"]).read_text()))
+    for name in kust["resources"][1:]:
+        for doc in _load(TLS / name):
+            out[f"{doc['kind']}/{doc['metadata']['name']}"] = doc
+    return out
+
+
+def test_tls_overlay_holds_what_the_tests_know():
+    assert {p.name for p in TLS.iterdir()} == {"kustomization.yaml", "certificate.yaml", "deployment-patch.yaml",
+                                               "configmap-patch.yaml"}
+
+
+@pytest.mark.parametrize("version", [OLDEST_K8S, _versions()[-1]])
+def test_tls_overlay_validates_strictly(version):
+    objects = _tls_objects()
+    for key in ("Deployment/serving-processor", "ConfigMap/serving-processor-config"):
+        try:
+            kubernetes_validate.validate(objects[key], version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"TLS overlay {key} on Kubernetes {version}: {'.'.join(map(str, exc.path))}: {exc.message}")
+
+
+def test_tls_overlay_pieces_agree():
+    objects = _tls_objects()
+    pod = objects["Deployment/serving-processor"]["spec"]["template"]
+    spec = pod["spec"]
+    server, init = _container(spec, "server"), _container(spec, "render-config", init=True)
+    cm = objects["ConfigMap/serving-processor-config"]["data"]
+    # the init container merges tls.json into the deployment: the result validates
+    template_mount = {m["name"]: m["mountPath"] for m in init["volumeMounts"]}["config-template"]
+    assert init["args"][3:] == [f"{template_mount}/tls.json"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert {"key": "tls.json", "path": "tls.json"} in volumes["config-template"]["configMap"]["items"]
+    data = {**json.loads(cm["deployment.json"]), **json.loads(cm["tls.json"])}
+    dep = DeploymentConfig.from_dict(data)
+    assert dep.http_tls_on and dep.grpc_tls_on and dep.health_port
+    # the files it names are the Secret's keys where the Secret is mounted, the Secret cert-manager fills
+    cert = objects["Certificate/serving-processor-tls"]
+    assert cert["apiVersion"] == "cert-manager.io/v1" and cert["spec"]["issuerRef"]["name"]
+    assert volumes["tls"]["secret"]["secretName"] == cert["spec"]["secretName"]
+    assert volumes["tls"]["secret"]["defaultMode"] == 0o440
+    mount = {m["name"]: m for m in server["volumeMounts"]}["tls"]
+    assert mount["readOnly"]
+    for path, key in ((dep.tls_cert_file, "tls.crt"), (dep.tls_key_file, "tls.key"), (dep.tls_client_ca_file, "ca.crt")):
+        assert path == f"{mount['mountPath']}/{key}"
+    services = {n.split("/")[1] for n in objects if n.startswith("Service/")}
+    assert services <= set(cert["spec"]["dnsNames"])
+    # the kubelet and Prometheus use the plaintext health port, which serves those paths
+    from server.http.health_port import PATHS
+
+    ports = {p["name"]: p["containerPort"] for p in server["ports"]}
+    assert ports == {"http": dep.http_port, "grpc": dep.grpc_port, "health": dep.health_port}
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        assert server[probe]["httpGet"]["port"] == "health" and server[probe]["httpGet"]["path"] in PATHS
+    annotations = pod["metadata"]["annotations"]
+    assert int(annotations["prometheus.io/port"]) == dep.health_port and annotations["prometheus.io/path"] in PATHS
+
+
+def test_tls_overlay_builds_with_kustomize(tmp_path):
+    import shutil
+    import subprocess
+
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed (its built-in kustomize builds the overlay offline)")
+    out = subprocess.run([kubectl, "kustomize", str(TLS)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    built = {f"{d['kind']}/{d['metadata']['name']}": d for d in yaml.safe_load_all(out.stdout) if d}
+    ours = _tls_objects()
+    assert {"Deployment/serving-processor", "ConfigMap/serving-processor-config",
+            "Certificate/serving-processor-tls"} <= set(built) <= set(ours)
+    for key, doc in built.items():  # what kustomize made is what the tests above checked
+        assert doc == ours[key], key

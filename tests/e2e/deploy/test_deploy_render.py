@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("yaml")
+yaml = pytest.importorskip("yaml")
 
 from processor.deployment import DeploymentConfig  # noqa: E402
 from unit.k8s_objects import ROOT  # noqa: E402
@@ -69,3 +69,20 @@ def test_render_fails_clearly(tmp_path):
                           env={**os.environ, "REDIS_PASSWORD": "x", "PYTHONPATH": str(ROOT)},
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "session_num" in done.stderr, done.stderr
+
+
+def test_the_tls_overlay_fragment_is_merged(tmp_path):
+    """deploy/kubernetes-tls passes tls.json after the two paths: its keys join the deployment."""
+    fragment = yaml.safe_load((ROOT / "deploy" / "kubernetes-tls" / "configmap-patch.yaml").read_text())[0]
+    assert fragment["path"] == "/data/tls.json"
+    (tmp_path / "tls.json").write_text(fragment["value"])
+    (tmp_path / "deployment.json").write_text(_one("ConfigMap", "serving-processor-config")["data"]["deployment.json"])
+    script = _container(_pod(), "render-config", init=True)["args"][0]
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "deployment.json"), str(tmp_path / "out.json"),
+                           str(tmp_path / "tls.json")],
+                          env={**os.environ, "REDIS_PASSWORD": "x", "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    dep = DeploymentConfig.from_dict(json.loads((tmp_path / "out.json").read_text()))
+    assert dep.tls_cert_file == "/etc/serving-processor/tls/tls.crt" and dep.health_port == 8081
+    assert dep.models[0].config.redis_password == "x"
