@@ -170,6 +170,7 @@ class OnnxRuntimeBackend:
             [(*self._session_threads(cpus), device_plan.cuda_options(device))
              for device, cpus in map(self._session_target, range(plan.sessions))],
             [d.session for d in plan.lanes], self._global_pools, why_not)
+        self._native_gpu_copies = self._engine is not None and plan.on_gpu
 
     def _session_target(self, index: int) -> tuple[device_plan.LaneDevice, tuple[int, ...] | None]:
         """(device, cpus) of session ``index``: those of its first lane."""
@@ -370,6 +371,8 @@ class OnnxRuntimeBackend:
     @property
     def variables(self) -> dict[str, VariableInfo]:
         """Parameters a delta may update, by TF variable (checkpoint) name (host and GPU alike)."""
+        if self._native_gpu_copies:
+            return {}
         return {var: VariableInfo(self._variable_shapes[n], self._parameters.dtype(n))
                 for var, n in self._by_variable.items()}
 
@@ -389,7 +392,12 @@ class OnnxRuntimeBackend:
         rows ``values[i]`` go to rows ``rows[i]``. Raises KeyError for an unknown parameter,
         ValueError for a shape mismatch. Every copy is written, the host's and each GPU's
         (:class:`.param_buffers.Parameters`): CPU and GPU lanes alike see it on their next run.
+        ConfigError where the native engine serves GPU lanes (``native_engine.GPU_LANES``, a
+        benchmark switch): its sessions read their own copies, which no write reaches.
         """
+        if self._native_gpu_copies:
+            raise ConfigError("in-place parameter updates do not reach the native engine's GPU sessions "
+                              "(native_engine.GPU_LANES); a full reload works")
         key = self._by_variable.get(name, name)
         shape = self._parameters.shape(key)
         values = np.asarray(values, dtype=self._parameters.dtype(key))
