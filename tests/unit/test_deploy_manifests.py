@@ -213,11 +213,27 @@ class _Exec(Exception):
     pass
 
 
-@pytest.mark.parametrize("layout", ["processor", "onnx", "savedmodel", "store"])
-def test_kserve_launcher_writes_a_valid_deployment(layout, tmp_path, monkeypatch):
+def _run_launcher(tmp_path: Path, monkeypatch) -> dict:
+    """Run the ServingRuntime's launcher script here (its exec stopped); the deployment it wrote."""
     container = _kserve("ServingRuntime")["spec"]["containers"][0]
     assert container["command"] == ["python", "-c"]
     script, name_arg = container["args"]
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(sys, "argv", ["-c", name_arg.replace("{{.Name}}", "demo")])
+
+    def fake_exec(file, args):
+        raise _Exec(file, args)
+
+    monkeypatch.setattr(os, "execvp", fake_exec)
+    with pytest.raises(_Exec) as info:
+        exec(compile(script, "servingruntime.yaml", "exec"), {"__name__": "__main__"})
+    file, args = info.value.args
+    assert file == "serving-processor" and args[:2] == ["serving-processor", "--config"]
+    return json.loads(Path(args[2]).read_text())
+
+
+@pytest.mark.parametrize("layout", ["processor", "onnx", "savedmodel", "store"])
+def test_kserve_launcher_writes_a_valid_deployment(layout, tmp_path, monkeypatch):
     models = tmp_path / "models"
     models.mkdir()
     extra: dict[str, Any] = {"session_num": 2}
@@ -237,18 +253,7 @@ def test_kserve_launcher_writes_a_valid_deployment(layout, tmp_path, monkeypatch
         want = {"savedmodel_dir": "s3://b/demo/savedmodel", "checkpoint_dir": "s3://b/demo/checkpoints"}
     monkeypatch.setenv("SP_MODEL_DIR", str(models))
     monkeypatch.setenv("SP_MODEL_CONFIG", json.dumps(extra))
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
-    monkeypatch.setattr(sys, "argv", ["-c", name_arg.replace("{{.Name}}", "demo")])
-
-    def fake_exec(file, args):
-        raise _Exec(file, args)
-
-    monkeypatch.setattr(os, "execvp", fake_exec)
-    with pytest.raises(_Exec) as info:
-        exec(compile(script, "servingruntime.yaml", "exec"), {"__name__": "__main__"})
-    file, args = info.value.args
-    assert file == "serving-processor" and args[:2] == ["serving-processor", "--config"]
-    written = json.loads(Path(args[2]).read_text())
+    written = _run_launcher(tmp_path, monkeypatch)
     dep = DeploymentConfig.from_dict(written)
     assert dep.host == "0.0.0.0" and (dep.http_port, dep.grpc_port) == (8080, 8500)
     (entry,) = dep.models
@@ -550,3 +555,36 @@ def test_tls_overlay_builds_with_kustomize(tmp_path):
             "Certificate/serving-processor-tls"} <= set(built) <= set(ours)
     for key, doc in built.items():  # what kustomize made is what the tests above checked
         assert doc == ours[key], key
+
+
+KSERVE_TLS = KSERVE / "tls" / "inferenceservice.yaml"
+
+
+def test_kserve_tls_variant_validates_and_agrees(tmp_path, monkeypatch):
+    (isvc,) = _load(KSERVE_TLS)
+    errors = sorted(_crd_validator(isvc).iter_errors(isvc), key=lambda e: list(e.path))
+    assert not errors, "\n".join(f"{'.'.join(map(str, e.path))}: {e.message}" for e in errors)
+    predictor = isvc["spec"]["predictor"]
+    model = predictor["model"]
+    runtime = _kserve("ServingRuntime")
+    assert model["runtime"] == runtime["metadata"]["name"]
+    assert isvc["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "RawDeployment"
+    env = {e["name"]: e["value"] for e in model["env"]}
+    (tmp_path / "models" / "savedmodel").mkdir(parents=True)
+    monkeypatch.setenv("SP_MODEL_DIR", str(tmp_path / "models"))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    dep = DeploymentConfig.from_dict(_run_launcher(tmp_path, monkeypatch))
+    assert dep.http_tls_on and dep.grpc_tls_on and dep.host == "0.0.0.0"
+    volumes = {v["name"]: v for v in predictor["volumes"]}
+    mount = {m["name"]: m for m in model["volumeMounts"]}["tls"]
+    assert mount["readOnly"] and volumes["tls"]["secret"]["defaultMode"] == 0o440
+    assert predictor["securityContext"]["fsGroup"] == runtime["spec"]["containers"][0]["securityContext"]["runAsUser"]
+    for path, key in ((dep.tls_cert_file, "tls.crt"), (dep.tls_key_file, "tls.key"), (dep.tls_client_ca_file, "ca.crt")):
+        assert path == f"{mount['mountPath']}/{key}"
+    from server.http.health_port import PATHS
+
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert model[probe]["httpGet"]["port"] == dep.health_port and model[probe]["httpGet"]["path"] in PATHS
+    assert int(isvc["metadata"]["annotations"]["prometheus.kserve.io/port"]) == dep.health_port
+    assert runtime["spec"]["annotations"]["prometheus.kserve.io/path"] in PATHS
