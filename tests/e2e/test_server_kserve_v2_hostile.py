@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from conftest import model_config
+from test_server_json_limits import reset_peak, status_kb
 
 tritonclient = pytest.importorskip("tritonclient", reason="tritonclient is a dev dependency (scripts/setup.sh)")
 import grpc  # noqa: E402
@@ -59,34 +60,22 @@ def _export(out_dir: Path, make):
 def _odd_models(root: Path) -> dict:
     import tensorflow as tf
 
-    class Logic(tf.Module):
-        def __init__(self, seed: int) -> None:
-            super().__init__()
-            self.k = tf.Variable(float(seed))
+    def module(spec, output: str, fn):
+        class Module(tf.Module):
+            def __init__(self, seed: int) -> None:
+                super().__init__()
+                self.k = tf.Variable(float(seed))  # 2 in the checkpoint served
 
-        @tf.function(input_signature=[tf.TensorSpec([None], tf.bool, name="flag")])
-        def serve(self, flag):
-            return {"not": tf.logical_not(flag)}
+            @tf.function(input_signature=[spec])
+            def serve(self, value):
+                return {output: fn(self, value)}
+        return Module
 
-    class Echo(tf.Module):
-        def __init__(self, seed: int) -> None:
-            super().__init__()
-            self.k = tf.Variable(float(seed))
-
-        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="word")])
-        def serve(self, word):
-            return {"same": tf.identity(word)}
-
-    class Half(tf.Module):
-        def __init__(self, seed: int) -> None:
-            super().__init__()
-            self.k = tf.Variable(float(seed))
-
-        @tf.function(input_signature=[tf.TensorSpec([None], tf.bfloat16, name="v")])
-        def serve(self, v):
-            return {"twice": v * tf.cast(self.k, tf.bfloat16)}
-
-    return {name: _export(root / name, cls) for name, cls in (("logic", Logic), ("echo", Echo), ("half", Half))}
+    made = {"logic": module(tf.TensorSpec([None], tf.bool, name="flag"), "not", lambda m, v: tf.logical_not(v)),
+            "echo": module(tf.TensorSpec([None], tf.string, name="word"), "same", lambda m, v: tf.identity(v)),
+            "half": module(tf.TensorSpec([None], tf.bfloat16, name="v"), "twice",
+                           lambda m, v: v * tf.cast(m.k, tf.bfloat16))}
+    return {name: _export(root / name, cls) for name, cls in made.items()}
 
 
 @pytest.fixture(scope="module")
@@ -372,15 +361,6 @@ def test_client_names_are_echoed_cut(server, channel):
 
 # --- 9. memory: the decode budget ---------------------------------------------------------------
 
-def status_kb(pid: int) -> dict[str, int]:
-    fields = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            fields[key] = int(value.split()[0]) * 1024
-    return fields
-
-
 def big_invalid_body(size: int) -> bytes:
     """About ``size`` bytes of v2 JSON for the toy whose last element is not a number."""
     n = size // 5
@@ -401,8 +381,7 @@ def test_large_v2_json_is_decoded_exactly(server):
 def test_four_32mb_invalid_bodies_at_once_stay_within_the_budget(server):
     body = big_invalid_body(32 * MB)
     pid = server.proc.pid
-    Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM := VmRSS
-    before = status_kb(pid)["VmRSS"]
+    before = reset_peak(pid)
     results, latencies, stop = [], [], threading.Event()
 
     def one() -> None:

@@ -242,8 +242,9 @@ GOOD_JSON = [b'{"instances": [[1.0], [2.0]]}', b'{"inputs": {"x": [[1.5]]}}', b'
 
 
 @st.composite
-def mutated_json(draw) -> bytes:
-    data = bytearray(draw(st.sampled_from(GOOD_JSON)))
+def mutated_json(draw, corpus: list[bytes] = GOOD_JSON) -> bytes:
+    """One of ``corpus`` with 1-4 byte edits, insertions of JSON-ish tokens or deletions."""
+    data = bytearray(draw(st.sampled_from(corpus)))
     for _ in range(draw(st.integers(1, 4))):
         pos = draw(st.integers(0, len(data)))
         op = draw(st.integers(0, 2))
