@@ -44,7 +44,7 @@ loads a new backend beside this one and swaps, as on the CPU.
 Timeline tracing (:meth:`run_traced`): ORT profiles whole sessions and ``end_profiling()``
 stops a session's profiler for good, so a traced call gets a fresh profiling session of its own,
 built like the lane's serving session (same providers, thread settings, shared initializers: no
-weight copy). A split graph is not traced yet: its requests run untraced.
+weight copy); a split graph gets one per part, and its trace holds both parts' ops.
 It runs the request twice, a warm-up and the profiled run, so the trace shows a warm run like
 the serving sessions' (first-run allocations left out). The profile file (in a private temporary
 directory) is read into events (:mod:`.profile`) and deleted. The tracing's own cost shows
@@ -313,31 +313,33 @@ class OnnxRuntimeBackend:
         """
         from ...tracing.events import EngineTrace
 
-        if self._split is not None:
-            raise NotImplementedError("traces of a graph split by device placement are not taken yet")
         names = [self._output_names[a] for a in fetches]
         ort_feeds = self._feeds(feeds)
         index = self._plan.lanes[lane].session
-        device, cpus = self._session_target(index)
+        parts, cpus = self._parts[index], self._session_target(index)[1]
         with self._trace_lock:
             setup_ns = time.time_ns()
-            session = self._open_profiling_session(lane, self._parts[index][0], cpus)
+            sessions = [self._open_profiling_session(lane, part, cpus) for part in parts]
             opened_ns = time.time_ns()
+            run = self._session_run(sessions)
             try:
-                session.run(names, ort_feeds)  # warm-up: the profiled run is a warm one
+                run(names, ort_feeds, None)  # warm-up: the profiled run is a warm one
                 run_ns = time.time_ns()
-                outputs = session.run(names, ort_feeds)
+                outputs = run(names, ort_feeds, None)
             except Exception as exc:
                 raise _engine_error(exc) from exc
             finally:
                 ran_ns = time.time_ns()
-                records = profile.collect(session)
-            start_ns = session.get_profiling_start_time_ns()
-            del session  # its threads and buffers go now, inside trace_collect
+                records = [profile.collect(session) for session in sessions]
+            starts = [session.get_profiling_start_time_ns() for session in sessions]
+            del sessions, run  # their threads and buffers go now, inside trace_collect
+        events = []
         try:
-            origin = profile.origin_us(records, start_ns if setup_ns <= start_ns <= opened_ns else None,
+            for part, part_records, start_ns in zip(parts, records, starts):
+                origin = profile.origin_us(part_records, start_ns if setup_ns <= start_ns <= opened_ns else None,
                                            run_ns)
-            events = profile.events(records, origin, device.gpu)
+                events += profile.events(part_records, origin, part.device.gpu)
+            events.sort(key=lambda e: e.start_us)
         except Exception as exc:  # noqa: BLE001 - tracing never fails a request
             log.warning("ONNX Runtime profile not understood, trace without engine ops: %s: %s",
                         type(exc).__name__, exc)
@@ -349,7 +351,8 @@ class OnnxRuntimeBackend:
                                     thread_names=profile.thread_names(events, threading.get_native_id()))
 
     def _open_profiling_session(self, lane: int, part: placement.Part, cpus: tuple[int, ...] | None):
-        """A new session like the lane's, profiling from now on; NotImplementedError if ORT refuses."""
+        """A new session of ``part`` like the lane's, profiling from now on; NotImplementedError
+        if ORT refuses."""
         ort = _ort()
         try:
             if self._profile_dir is None:

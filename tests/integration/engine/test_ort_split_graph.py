@@ -86,11 +86,12 @@ def test_a_graph_without_lookups_is_not_split(toy_model, make_processor):
     assert _predict(p, {"x": np.array([[1.0]], np.float32)})["y"].tolist() == [[2.5]]
 
 
-def test_a_traced_request_on_a_split_graph_runs_untraced(dlrm_dir, make_processor):
+def test_a_traced_request_on_a_split_graph_shows_both_parts(dlrm_dir, make_processor):
     whole, split = _pair(make_processor, {"savedmodel_dir": str(dlrm_dir), "backend": "onnxruntime",
                                           "use_per_session_threads": True})
     inputs = dlrm_onnx.inputs(3)
     with split.manager.acquire() as group:
         _, outputs, trace = group.run_traced(inputs, ("prob",))
-    assert trace is None  # not taken yet: the request runs, untraced
+    ops = {event.op for event in trace.events}
+    assert {"Gather", "Mod"} <= ops and "Concat" in ops  # the embedding part and the dense part
     np.testing.assert_allclose(outputs[0], _predict(whole, inputs)["prob"], rtol=1e-5, atol=1e-6)
