@@ -129,7 +129,10 @@ def split_at_lookups(model_path: str) -> SplitGraph | str:
     first = part(sorted(embedding), [*boundary, *embedding_outputs], (), "embedding")
     second = part(dense, [o for o in outputs if o not in embedding_made], boundary, "dense")
     directory = Path(model_path).parent
-    paths = [_write(directory, EMBEDDING_FILE, first), _write(directory, DENSE_FILE, second)]
+    try:
+        paths = [_write(directory, EMBEDDING_FILE, first), _write(directory, DENSE_FILE, second)]
+    except OSError as exc:
+        return f"the parts cannot be written next to {model_path}: {exc}: not split"
 
     def reads_of(part_model) -> frozenset[str]:
         return frozenset(t.name for t in part_model.graph.initializer)
