@@ -32,6 +32,7 @@ to the exact request bytes of each of its rows is checked once against our in-pr
 
     .venv/bin/python -m benchmarks.bench_server [--preset small] [--seconds 5] [--concurrency 4]
         [--skip-kserve] [--skip-triton] [--out-dir DIR]
+    .venv/bin/python -m benchmarks.bench_server --tls   # ours plaintext vs TLS: server_tls.json/.md
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -417,6 +419,79 @@ def run_triton(args, tpy: Path, onnx_dir: str, config: dict, bodies, expected, w
     return peer_versions(tpy, env)
 
 
+def bench_tls(args) -> tuple[dict, str]:
+    """``--tls``: our server (tensorflow) plaintext vs TLS on both ports (certificates from
+    tools/dev_certs.py), our protobuf over HTTP and TF Serving Predict over gRPC; the load
+    generator keeps its connections open, so this is the cost of encryption per request, the
+    handshakes amortized. Each TLS answer is checked against process() first."""
+    from benchmarks.common import demo_paths
+    from demo.paths import demo_model_config
+    from processor import codec
+    from server.launcher import ServerProcess
+    from tools.dev_certs import write_set
+
+    load_before = list(os.getloadavg())
+    paths = demo_paths(args.preset)
+    work = Path(tempfile.mkdtemp(prefix="bench-server-tls-"))
+    bodies = {b: payloads(b, work) for b in args.batches}
+    config = demo_model_config(paths)
+    config.pop("checkpoint_dir")
+    expected = process_answers(config, bodies, "bench-ref-tls")[0]
+    certs = write_set(work / "certs")
+    ca = str(certs["ca.crt"])
+    rows = []
+    for mode in ("plaintext", "TLS"):
+        tls = {"tls_cert_file": str(certs["server.crt"]), "tls_key_file": str(certs["server.key"])} if mode == "TLS" else {}
+        deployment = {"models": [{"name": MODEL, "model_config": config}], "access_log": False,
+                      "max_request_bytes": 64 << 20, "log_level": "WARNING", **tls}
+        context = ssl.create_default_context(cafile=ca) if tls else None
+        print(f"ours ({mode}): python -m server ({config['session_num']} sessions, tensorflow)", flush=True)
+        ours = ServerProcess(deployment, work / mode, ssl_context=context).start(timeout=300)
+        extra = {"ca_file": ca} if tls else {}
+        try:
+            for batch in args.batches:
+                body = bodies[batch]
+                with urllib.request.urlopen(urllib.request.Request(
+                        f"{ours.http}/api/predict/{MODEL}", data=body["eas"].read_bytes()), timeout=60,
+                        context=context) as r:
+                    got = codec.decode_response(r.read())["probability"]
+                check_probabilities(f"ours {mode} protobuf /api/predict vs process()", got,
+                                    expected[batch]["probability"])
+                for protocol, api, spec in (
+                        ("HTTP", "protobuf /api/predict", {
+                            "kind": "http", "host": "127.0.0.1", "port": ours.http_port,
+                            "path": f"/api/predict/{MODEL}", "body_file": str(body["eas"]),
+                            "content_type": "application/x-protobuf"}),
+                        ("gRPC", "TF Serving Predict", {
+                            "kind": "grpc", "target": ours.grpc_target, "body_file": str(body["tfs_grpc"]),
+                            "method": "/tensorflow.serving.PredictionService/Predict"})):
+                    spec = {"concurrency": args.concurrency, "seconds": args.seconds,
+                            "warmup_seconds": args.warmup, **spec, **extra}
+                    result = run_loadgen(spec, work)
+                    rows.append({"transport": mode, "protocol": protocol, "api": api, "batch": batch, **result})
+                    print(f"  {mode:9s} {protocol:4s} {api:22s} batch {batch:3d}: {result['rps']:8.1f} req/s  "
+                          f"p50 {result['p50_ms']:.2f} ms  p99 {result['p99_ms']:.2f} ms  errors {result['errors']}",
+                          flush=True)
+        finally:
+            ours.stop()
+    lines = ["# Our server: plaintext vs TLS", "",
+             f"Preset {args.preset}, {args.concurrency} client threads with kept-open connections, "
+             f"{args.seconds:g} s per row; load average before: {', '.join(f'{x:.2f}' for x in load_before)} "
+             f"(a shared machine makes these figures noisy).", "",
+             "| API | batch | plaintext req/s | TLS req/s | TLS / plaintext | p50 ms plain / TLS | errors |",
+             "|---|---:|---:|---:|---:|---|---:|"]
+    for batch in args.batches:
+        for api in ("protobuf /api/predict", "TF Serving Predict"):
+            plain, tls_row = (next(r for r in rows if r["transport"] == t and r["api"] == api and r["batch"] == batch)
+                              for t in ("plaintext", "TLS"))
+            lines.append(f"| {plain['protocol']} {api} | {batch} | {plain['rps']:.1f} | {tls_row['rps']:.1f} | "
+                         f"{tls_row['rps'] / plain['rps']:.2f} | {plain['p50_ms']:.2f} / {tls_row['p50_ms']:.2f} | "
+                         f"{plain['errors'] + tls_row['errors']} |")
+    payload = {"rows": rows, "preset": args.preset, "concurrency": args.concurrency, "seconds": args.seconds,
+               "load_before": load_before, "cpu_count": os.cpu_count()}
+    return payload, "\n".join(lines) + "\n"
+
+
 def make_kserve_venv(path: Path) -> None:
     """A separate environment for KServe (its protobuf<7 pin conflicts with ours)."""
     from benchmarks.common import make_peer_venv
@@ -439,12 +514,18 @@ def main() -> int:
                         "make it with python -m benchmarks.bench_batching --make-triton-venv)")
     parser.add_argument("--skip-triton", action="store_true")
     parser.add_argument("--out-dir", type=Path, help="write server.json/.md here instead of benchmarks/results")
+    parser.add_argument("--tls", action="store_true", help="only ours, plaintext vs TLS (server_tls.json/.md)")
     args = parser.parse_args()
     if args.make_kserve_venv:
         make_kserve_venv(DEFAULT_KSERVE_VENV)
         return 0
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from benchmarks.common import write_results
+
+    if args.tls:
+        payload, markdown = bench_tls(args)
+        write_results("server_tls", payload, markdown, out_dir=args.out_dir)
+        return 0
 
     payload, markdown = report(bench(args), args)
     write_results("server", payload, markdown, out_dir=args.out_dir)

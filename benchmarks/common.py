@@ -108,7 +108,7 @@ def loadgen(spec: dict) -> dict:
 
     ``spec["concurrency"]`` threads, each with its own keep-alive connection (``kind`` ``http``:
     ``host``, ``port``, ``path``, ``content_type``, optional extra ``headers``) or channel
-    (``grpc``: ``target``, ``method``, optional ``metadata``), send the bytes of ``body_file``
+    (``grpc``: ``target``, ``method``, optional ``metadata``; with ``ca_file`` both use TLS), send the bytes of ``body_file``
     for ``seconds`` after ``warmup_seconds`` and record every latency. Optional: ``start_at``
     (a ``time.time()`` to start at, so that several generator processes measure the same window)
     and ``latencies_file`` (every recorded latency in seconds, saved with ``numpy.save``, for
@@ -124,7 +124,13 @@ def loadgen(spec: dict) -> dict:
         headers = {"Content-Type": spec["content_type"], **spec.get("headers", {})}
 
         def make():
-            conn = http.client.HTTPConnection(host, port, timeout=60)
+            if spec.get("ca_file"):  # HTTPS, the server's certificate verified against this CA
+                import ssl
+
+                context = ssl.create_default_context(cafile=spec["ca_file"])
+                conn = http.client.HTTPSConnection(host, port, timeout=60, context=context)
+            else:
+                conn = http.client.HTTPConnection(host, port, timeout=60)
 
             def call() -> bool:
                 conn.request("POST", spec["path"], body, headers)
@@ -136,8 +142,12 @@ def loadgen(spec: dict) -> dict:
         import grpc
 
         def make():
-            channel = grpc.insecure_channel(spec["target"], options=[
-                ("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)])
+            options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+            if spec.get("ca_file"):
+                credentials = grpc.ssl_channel_credentials(Path(spec["ca_file"]).read_bytes())
+                channel = grpc.secure_channel(spec["target"], credentials, options=options)
+            else:
+                channel = grpc.insecure_channel(spec["target"], options=options)
             stub = channel.unary_unary(spec["method"])
             metadata = tuple(tuple(kv) for kv in spec.get("metadata", []))
 
