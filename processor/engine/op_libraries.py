@@ -1,6 +1,6 @@
 """Custom op libraries (the ``custom_op_libraries`` model_config key): shared objects of
 TensorFlow ops a SavedModel needs (TF Recommenders-Addons' dynamic embeddings, SOK, a team's own
-kernels), loaded with ``tf.load_op_library`` before the SavedModel is imported.
+kernels), loaded as ``tf.load_op_library`` loads them before the SavedModel is imported.
 
 TensorFlow registers a library's ops for the whole process and cannot unload them, so each path
 is loaded once per process (later loads, by any model, reuse it). Errors are ConfigErrors naming
@@ -38,12 +38,19 @@ def _load_one(path: str) -> list[str]:
         if not os.path.isfile(real) or not os.access(real, os.R_OK):
             raise ConfigError(f"custom_op_libraries: {cut(path, 200)} is not a readable file")
         import tensorflow as tf
+        from tensorflow.core.framework import op_def_pb2
+        from tensorflow.python.client import pywrap_tf_session
 
+        # what tf.load_op_library does, minus the Python wrappers serving does not use
         try:
-            library = tf.load_op_library(real)
+            handle = pywrap_tf_session.TF_LoadLibrary(real)
         except (tf.errors.OpError, OSError, RuntimeError) as exc:
             message = getattr(exc, "message", None) or str(exc)
             raise ConfigError(f"custom_op_libraries: TensorFlow {tf.__version__} could not load "
                               f"{cut(path, 200)}: {cut(message, 400)}") from None
-        ops = _LOADED[real] = sorted(op.name for op in library.OP_LIST.op)
+        try:
+            op_list = op_def_pb2.OpList.FromString(pywrap_tf_session.TF_GetOpList(handle))
+        finally:
+            pywrap_tf_session.TF_DeleteLibraryHandle(handle)  # the ops stay registered
+        ops = _LOADED[real] = sorted(op.name for op in op_list.op)
         return ops
