@@ -285,14 +285,19 @@ BAD_HTTP = [
     ("POST", "/api/predict/toy", codec.encode_request({"z": np.array([[1.0]], np.float32)}), 400, "unknown input"),
     ("POST", "/v1/models/toy:predict", b"{not json", 400, "JSON Parse error"),
     ("POST", "/v1/models/toy:predict", b'{"instances": [["a"]]}', 400, "expects numbers"),
-    ("POST", "/v1/models/toy:predict", b'{"instances": [[1.0, 2.0]]}', 400, "shape"),
+    # TF Serving's shape rule: the graph decides (the toy's elementwise graph takes [[1.0, 2.0]]);
+    # what it cannot take is the engine's own 400
+    ("POST", "/v1/models/demo:predict",
+     b'{"instances": [{"dense": [0,0,0,0,0,0,0,0,0,0,0,0], "sparse_ids": [0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0],'
+     b' "sparse_tokens": ["a","a","a","a","a","a"]}]}', 400, "the model rejected the input"),
     ("POST", "/v1/models/toy:predict", b'{"instances": [[1], [1, 2]]}', 400, "ragged"),
     ("POST", "/v1/models/toy:predict", b'{"instances": [[1]], "inputs": [[1]]}', 400, "Not both"),
-    ("POST", "/v1/models/toy:predict", b'{"signature_name": "other", "inputs": [[1]]}', 404, "signature"),
+    ("POST", "/v1/models/toy:predict", b'{"signature_name": "other", "inputs": [[1]]}', 400,
+     'Serving signature name: "other" not found in signature def'),
     ("POST", "/v1/models/toy/versions/99:predict", GOOD_JSON, 404, "Servable not found"),
     ("POST", "/v1/models/toy/labels/nope:predict", GOOD_JSON, 400, "Unrecognized servable version label"),
     ("POST", "/v1/models/toy/versions/x:predict", GOOD_JSON, 400, "Malformed request"),
-    ("POST", "/v1/models/toy:regress", GOOD_JSON, 400, "method_name"),
+    ("POST", "/v1/models/toy:regress", GOOD_JSON, 400, "key 'examples' is expected"),
     ("POST", "/v1/models/demo:predict",
      b'{"instances": [{"dense": [0,0,0,0,0,0,0,0,0,0,0,0,0], "sparse_ids": [0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0],'
      b' "sparse_tokens": [{"b64": "***"},"a","a","a","a","a"]}]}', 400, "invalid base64"),
@@ -337,7 +342,8 @@ def test_bad_grpc_requests(server, channel):
     err = grpc_error(tfs_grpc, channel, "toy", TOY_X, version=42)
     assert err.code() == grpc.StatusCode.NOT_FOUND and "Specific(toy, 42)" in err.details()
     err = grpc_error(tfs_grpc, channel, "toy", TOY_X, signature_name="other")
-    assert err.code() == grpc.StatusCode.NOT_FOUND
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION  # TF Serving's code and words
+    assert err.details().startswith('Serving signature key "other" not found.')
     stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
     err = grpc_error(stub.GetModelMetadata, get_model_metadata_pb2.GetModelMetadataRequest(
         model_spec={"name": "toy"}, metadata_field=["graph"]))
@@ -345,7 +351,7 @@ def test_bad_grpc_requests(server, channel):
     from tensorflow_serving.apis import classification_pb2
 
     err = grpc_error(stub.Classify, classification_pb2.ClassificationRequest(model_spec={"name": "toy"}))
-    assert err.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert (err.code(), err.details()) == (grpc.StatusCode.INVALID_ARGUMENT, "Input is empty.")
     assert tfs_grpc(channel, "toy", TOY_X, version=1)[1]["y"].tolist() == [[2.5], [1.0], [2.125]]
 
 
