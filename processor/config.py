@@ -155,6 +155,12 @@ class ModelConfig(BaseModel):
     # Ours: serve a GPU config on the CPU (same lane count) when no GPU is visible, instead of failing.
     gpu_fallback_to_cpu: bool = False
 
+    # Large requests (processor/engine/splitting.py). TF Serving's max_execution_batch_size: a
+    # request with more rows is cut into chunks of at most this many rows run in parallel on the
+    # lanes (one version), outputs joined in order; None: never split. max_request_rows: a request
+    # with more rows is refused (413 / RESOURCE_EXHAUSTED); None: no limit.
+    max_execution_batch_size: int | None = Field(4096, ge=1)
+    max_request_rows: int | None = Field(None, ge=1)
     # Ours: server-side batching (TF Serving's batching parameters); None: every request alone.
     batching: BatchingConfig | None = Field(None, strict=False)  # a JSON object; its keys are strict
     # Ours: prediction logging (TF Serving's logging_config, with a collector); None: off.

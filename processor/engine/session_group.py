@@ -9,6 +9,13 @@ few milliseconds of the write), so each request sees one version. The group is c
 Every signature of the model is served: ``signature`` is the default one (the config's
 ``signature_name``), ``signatures`` all of them by name; :meth:`SessionGroup.for_signature` is
 the group serving another one (a :class:`~processor.engine.signature_view.SignatureView`).
+
+Large requests: with ``max_execution_batch_size`` / ``max_request_rows`` the group has a
+:class:`~processor.engine.splitting.RowSplitter`; :meth:`run` (and a view's run) cuts a request
+with more rows into chunks run in parallel on the lanes, all inside one shared hold of the update
+gate (one version), and refuses one over the row limit. :meth:`serve` sends serialized requests
+long enough to hold that many rows through the codec and :meth:`run`; shorter ones keep the
+native path (one length check).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from ..wire_codec import WireCodec
 from .backend import Backend
 from .lane_policy import LanePolicy
 from .signature_view import SignatureView
+from .splitting import RowSplitter
 from .update_gate import UpdateGate
 
 
@@ -36,7 +44,7 @@ class SessionGroup:
     """Lanes over one backend, plus the version they serve. See the module doc."""
 
     def __init__(self, backend: Backend, policy: str, version: ModelVersion, load_seconds: float,
-                 batching=None) -> None:
+                 batching=None, splitter: RowSplitter | None = None) -> None:
         self.backend = backend
         self.signature: Signature = backend.signature  # fixed for the group's life (read per request)
         # every signature the backend serves, by name (the default one included)
@@ -49,6 +57,9 @@ class SessionGroup:
         self._gate = UpdateGate()
         self.codec = WireCodec(backend.signature, backend.fingerprinted_inputs)
         self._wire_server = backend.wire_server(self.codec)
+        self.splitter = splitter
+        # serialized requests longer than this may hold too many rows to run whole: decoded first
+        self._split_bytes = splitter.wire_bytes(self.signature) if splitter is not None else 1 << 62
         # This version's native batching queue (closed before the backend), on the model's row
         # budget, when the model batches (``batching``: its ModelBatching) and the queue can serve.
         self.batch_queue = batching.open_queue(backend, self.codec) if batching is not None else None
@@ -74,13 +85,28 @@ class SessionGroup:
                       fetches: tuple[str, ...]) -> list[np.ndarray]:
         """Run signature ``name`` (not the default one) on ``lane`` (None: the policy's)."""
         with self._gate.shared():
-            return self.backend.run_signature(self._policy.pick() if lane is None else lane, name, feeds, fetches)
+            if lane is None:
+                splitter = self.splitter
+                if splitter is not None:
+                    signature = self.signatures[name]
+                    chunks = splitter.chunks(signature, feeds)
+                    if chunks is not None:
+                        return splitter.run(signature, chunks, feeds, fetches,
+                                            lambda lane_, f, o: self.backend.run_signature(lane_, name, f, o))
+                lane = self._policy.pick()
+            return self.backend.run_signature(lane, name, feeds, fetches)
 
     def run(self, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]) -> list[np.ndarray]:
-        """Run on the lane the policy picks for the calling thread."""
+        """Run on the lane the policy picks for the calling thread; a request with more rows than
+        the splitter's chunk runs split across the lanes (see the module doc)."""
         gate = self._gate
         gate.enter_shared()  # not a `with`: this is the request path's hottest Python
         try:
+            splitter = self.splitter
+            if splitter is not None:
+                chunks = splitter.chunks(self.signature, feeds)
+                if chunks is not None:
+                    return splitter.run(self.signature, chunks, feeds, fetches, self.backend.run)
             return self.backend.run(self._policy.pick(), feeds, fetches)
         finally:
             gate.exit_shared()
@@ -94,7 +120,7 @@ class SessionGroup:
         reference results and errors. Raises ProcessorError.
         """
         wire = self._wire_server
-        if wire is not None:
+        if wire is not None and len(data) <= self._split_bytes:
             lane = self._policy.pick()
             gate = self._gate
             gate.enter_shared()
@@ -137,11 +163,14 @@ class SessionGroup:
         """``run`` with the engine's full tracing: (lane, outputs, engine trace or None).
 
         None when the backend cannot trace one call (no ``run_traced``, or NotImplementedError):
-        the request then runs untraced.
+        the request then runs untraced. A request the splitter splits runs split, untraced.
         """
         lane = self._policy.pick()
         traced = getattr(self.backend, "run_traced", None)
         with self._gate.shared():
+            chunks = self.splitter.chunks(self.signature, feeds) if self.splitter is not None else None
+            if chunks is not None:
+                return lane, self.splitter.run(self.signature, chunks, feeds, fetches, self.backend.run), None
             if traced is not None:
                 try:
                     outputs, trace = traced(lane, feeds, fetches)
@@ -164,6 +193,7 @@ class SessionGroup:
             "session_num": self.lanes,
             "load_seconds": round(self.load_seconds, 3),
             "request_codec": self.codec.describe(),
+            "splitting": self.splitter.describe() if self.splitter is not None else None,
             **self.backend.describe(),
         }
 
@@ -171,6 +201,8 @@ class SessionGroup:
         if self.batch_queue is not None:
             self.batch_queue.close()  # no request is left (they hold the handle); stops its threads
             self.batch_queue = None
+        if self.splitter is not None:
+            self.splitter.close()
         self.backend.close()
 
 
@@ -212,4 +244,4 @@ def open_session_group(config: ModelConfig, version: ModelVersion, features=None
         plan = device_plan.plan_for(config, engine)
         backend = TensorFlowBackend(config, version, lanes=len(plan.lanes), devices=plan, features=features)
     return SessionGroup(backend, config.select_session_policy, version, time.monotonic() - started,
-                        batching)
+                        batching, RowSplitter.from_config(config, backend.lanes))
