@@ -74,11 +74,20 @@ def _examples_input(signature: Signature) -> str:
     return alias
 
 
-def _call(model: str, examples: np.ndarray, spec, deadline: float | None) -> PredictCall:
+Wanted = tuple[int | None, str | None]  # the version or label a request names
+
+
+def wanted_of(spec) -> Wanted:
+    """The version or label a ``ModelSpec`` names."""
+    return (spec.version.value if spec.HasField("version") else None,
+            spec.version_label if spec.HasField("version_label") else None)
+
+
+def _call(model: str, examples: np.ndarray, spec, deadline: float | None, wanted: Wanted | None) -> PredictCall:
     """The DataPlane call of one classify / regress request: the examples fed to the signature's
-    input, every output fetched, shapes left to the graph."""
-    version = spec.version.value if spec.HasField("version") else None
-    label = spec.version_label if spec.HasField("version_label") else None
+    input, every output fetched, shapes left to the graph. ``wanted``: the version or label (None:
+    ``spec``'s; REST passes its URL's, which may exceed the proto's int64)."""
+    version, label = wanted if wanted is not None else wanted_of(spec)
 
     def decode(signature: Signature) -> dict[str, np.ndarray]:
         return {_examples_input(signature): examples}
@@ -93,24 +102,24 @@ def _run(dataplane, call: PredictCall) -> PredictResult:
         raise InvalidArgument(f"No signature was found with the name: {cut(exc.name)}") from None
 
 
-def classify(dataplane, request, deadline: float | None = None):
+def classify(dataplane, request, deadline: float | None = None, wanted: Wanted | None = None):
     """A ``ClassificationRequest`` answered as a ``ClassificationResponse``."""
     from tensorflow_serving.apis import classification_pb2
 
     examples = examples_tensor(request.input)
-    result = _run(dataplane, _call(request.model_spec.name, examples, request.model_spec, deadline))
+    result = _run(dataplane, _call(request.model_spec.name, examples, request.model_spec, deadline, wanted))
     response = classification_pb2.ClassificationResponse()
     _model_spec(response.model_spec, request.model_spec, result)
     fill_classifications(response.result, result.signature, result.outputs, len(examples))
     return response
 
 
-def regress(dataplane, request, deadline: float | None = None):
+def regress(dataplane, request, deadline: float | None = None, wanted: Wanted | None = None):
     """A ``RegressionRequest`` answered as a ``RegressionResponse``."""
     from tensorflow_serving.apis import regression_pb2
 
     examples = examples_tensor(request.input)
-    result = _run(dataplane, _call(request.model_spec.name, examples, request.model_spec, deadline))
+    result = _run(dataplane, _call(request.model_spec.name, examples, request.model_spec, deadline, wanted))
     response = regression_pb2.RegressionResponse()
     _model_spec(response.model_spec, request.model_spec, result)
     fill_regressions(response.result, result.signature, result.outputs, len(examples))
@@ -137,7 +146,7 @@ def multi_inference(dataplane, request, deadline: float | None = None):
         if task.method_name not in (CLASSIFY, REGRESS):
             raise InvalidArgument(f"Unsupported signature method_name: {cut(task.method_name)}")
     examples = examples_tensor(request.input)
-    call = _call(model, examples, tasks[0].model_spec, deadline)
+    call = _call(model, examples, tasks[0].model_spec, deadline, None)
     try:
         results = dataplane.predict_each(call, [t.model_spec.signature_name for t in tasks])
     except SignatureNotFound as exc:

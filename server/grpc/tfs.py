@@ -39,9 +39,7 @@ MODEL_SERVICE = "tensorflow.serving.ModelService"
 
 
 def _spec(spec) -> tuple[str, int | None, str | None]:
-    version = spec.version.value if spec.HasField("version") else None
-    label = spec.version_label if spec.HasField("version_label") else None
-    return spec.name, version, label
+    return (spec.name, *tfs_inference.wanted_of(spec))
 
 
 class TfsService:

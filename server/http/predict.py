@@ -176,10 +176,7 @@ def tfs_classify_regress(rt: ServingRuntime, name: str, version: int | None, lab
     request = (classification_pb2.ClassificationRequest() if method == "classify"
                else regression_pb2.RegressionRequest())
     request.model_spec.name = name
-    if version is not None:
-        request.model_spec.version.value = version
-    elif label is not None:
-        request.model_spec.version_label = label
     tfs_examples.fill_request(body, request, max_depth)
     run = tfs_inference.classify if method == "classify" else tfs_inference.regress
-    return json.dumps(tfs_inference.result_json(method, run(rt.dataplane, request, deadline))).encode()
+    response = run(rt.dataplane, request, deadline, (version, label))
+    return json.dumps(tfs_inference.result_json(method, response)).encode()
