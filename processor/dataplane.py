@@ -100,6 +100,31 @@ class DataPlane:
             return self._traced(manager, call, version, rec)
         return self._call(manager, call, version, None)
 
+    def try_inline(self, call: PredictCall, max_bytes: int) -> PredictResult | None:
+        """:meth:`predict` of ``call`` here and now when it is a small request the engine
+        serves without the GIL; None when it is not (run :meth:`predict` on a thread instead).
+
+        For event loops: a thread-pool hop costs more CPU than a batch-1 request on the native
+        ONNX Runtime engine, so the HTTP and gRPC edges call this first. Taken: untraced,
+        unbatched, unlogged wire bytes of at most ``max_bytes`` whose served group runs the whole
+        request natively (``SessionGroup.serves_natively``); it blocks the caller for the
+        engine's time, tens of microseconds at that size. Raises ProcessorError as
+        :meth:`predict` does.
+        """
+        model, inputs = call.model, call.inputs
+        if (inputs.__class__ not in _WIRE or not inputs or len(inputs) > max_bytes or model in self._batching
+                or model in self._loggers or model in self._tracers):
+            return None
+        manager = self._managers.get(model)
+        if manager is None:
+            return None
+        if call.deadline is not None:
+            _check_deadline(model, call.deadline)
+        version = call.version
+        if call.label is not None:
+            version = requested_version(model, version, call.label, self._labels[model])
+        return self._call(manager, call, version, None, inline=True)
+
     def _logged(self, logger: PredictionLogger, pending: Pending, manager, call: PredictCall,
                 version: int | None, rec: TraceRecorder | None) -> PredictResult:
         """:meth:`predict` of a call its model's logger sampled: ``pending`` gets the group that
@@ -131,10 +156,11 @@ class DataPlane:
             rec.tracer.submit(rec)  # never raises
 
     def _call(self, manager, call: PredictCall, version: int | None, rec: TraceRecorder | None,
-              pending: Pending | None = None) -> PredictResult:
+              pending: Pending | None = None, inline: bool = False) -> PredictResult | None:
         """One acquire of the served group, the call's checks against it, then the hot path (an
         untraced, unbatched wire request: the group's ``serve``) or :meth:`_answer`; a logged
-        call's ``pending`` learns the group."""
+        call's ``pending`` learns the group. ``inline``: None, having run nothing, unless the
+        group serves natively (:meth:`try_inline`)."""
         if rec is None:
             handle = manager.acquire_handle()
         else:
@@ -142,6 +168,8 @@ class DataPlane:
                 handle = manager.acquire_handle()
         try:
             group = handle.group
+            if inline and not group.serves_natively:
+                return None
             if pending is not None:
                 pending.group = group
             model, inputs, _, _, signature_name, _, _, _ = call

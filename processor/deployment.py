@@ -96,6 +96,10 @@ class DeploymentConfig(BaseModel):
     # request's thread; access_log_sample_rate: the share of successful requests logged
     access_log: bool = True
     access_log_sample_rate: float = Field(1.0, ge=0, le=1)
+    # requests up to this many bytes that the engine serves natively without the GIL (the ONNX
+    # Runtime native engine, no batching, tracing or prediction logging) run on the edge's own
+    # thread, not the model's pool: the hop costs more than such a request; 0: always the pool
+    inline_max_request_bytes: int = Field(8192, ge=0, le=1 << 20)
     log_format: Literal["json", "text"] = "json"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     enable_docs: bool = True

@@ -63,6 +63,9 @@ class SessionGroup:
         # This version's native batching queue (closed before the backend), on the model's row
         # budget, when the model batches (``batching``: its ModelBatching) and the queue can serve.
         self.batch_queue = batching.open_queue(backend, self.codec) if batching is not None else None
+        # serve() runs the whole request in native code without the GIL (the ONNX Runtime native
+        # engine): an event loop may call it in place for small requests (DataPlane.try_inline)
+        self.serves_natively = self._wire_server is not None and getattr(backend, "native_engine", None) is not None
 
     @property
     def lanes(self) -> int:

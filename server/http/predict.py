@@ -83,6 +83,7 @@ class PredictRoutes:
         self.rt = rt
         dep = rt.deployment
         self.limit = dep.max_request_bytes
+        self.inline_bytes = dep.inline_max_request_bytes  # served on the event loop up to this size
         # TF Serving JSON: its own body limit, element limit and decode memory budget (issue 16)
         json_limit = getattr(dep, "json_max_request_bytes", None)
         self.json_limit, self.json_setting = ((json_limit, "json_max_request_bytes") if json_limit
@@ -109,7 +110,10 @@ class PredictRoutes:
         async def work() -> Reply:
             deadline = from_http_headers(headers)
             body = await read_body(receive, headers, self.limit)
-            result = await rt.run(model, rt.dataplane.predict, PredictCall(model, body, deadline=deadline))
+            call = PredictCall(model, body, deadline=deadline)
+            result = rt.dataplane.try_inline(call, self.inline_bytes) if self.inline_bytes else None
+            if result is None:
+                result = await rt.run(model, rt.dataplane.predict, call)
             return Reply(200, result.outputs, JSON if result.introspection else PROTOBUF)
         return await tracked(self.rt, model, "predict", work, error_reply)
 

@@ -1,0 +1,331 @@
+"""The network edges against the engine and against the bare stack they run on (issue 23).
+
+One run, one machine, native load generators (``benchmarks.native_load``: ``wrk`` for HTTP/1.1,
+``h2load`` for gRPC over h2c), the DLRM-like ``.onnx`` model (``demo.dlrm_onnx``: 26 Gather
+tables of 20,000 x 16, MLP 256-128-1) with ``session_num`` 2, per-session pools, intra-op 1:
+
+* **the limit**: ``process()`` in-process from 2 threads (req/s at batch 1 and 256);
+* **the floors**: a bare uvicorn + httptools + uvloop ASGI app answering a fixed body, with the
+  same thread-pool hop our edge may take and without; a bare grpcio server with a generic
+  handler returning fixed bytes (sync and ``grpc.aio``) (``benchmarks.edge_floors``);
+* **our server** (``python -m server``, the deployment's defaults but the model): every edge at
+  batch 1 and 256: HTTP our wire format, TF Serving REST JSON, KServe v2 REST binary and JSON;
+  gRPC ours, TF Serving ``Predict``, v2 ``ModelInfer``. Each edge's answer is checked against
+  ``process()`` once before it is timed;
+* **batching at the edge**: the demo CTR model on TensorFlow, 64 HTTP connections of batch-1
+  requests, ``batching`` on vs off.
+
+Figures: req/s, p50/p99 (ms), server CPU per request (us, the server process's user + system
+time over the timed run / requests). Writes ``benchmarks/results/edges.json`` and ``.md``.
+
+    .venv/bin/python -m benchmarks.bench_edges [--seconds 5] [--skip-batching] [--out-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks import native_load
+from benchmarks.common import run_threads, write_results
+from benchmarks.peers import MODEL, free_port, wait_http
+from benchmarks.v2_wire import HEADER_LENGTH, MODEL_INFER, v2_binary_request, v2_grpc, v2_grpc_request, v2_http, v2_json_request
+
+ROOT = Path(__file__).resolve().parent.parent
+BATCHES = (1, 256)
+HTTP_EDGES = ("HTTP ours", "TF Serving REST JSON", "v2 REST binary", "v2 REST JSON")
+GRPC_EDGES = ("gRPC ours", "TF Serving gRPC", "v2 gRPC")
+PROTOBUF = "application/x-protobuf"
+
+
+def model_config(model_dir: Path) -> dict:
+    return {"savedmodel_dir": str(model_dir), "backend": "onnxruntime", "session_num": 2,
+            "use_per_session_threads": True, "intra_op_parallelism_threads": 1, "inter_op_parallelism_threads": 1}
+
+
+# --- requests of every edge -----------------------------------------------------------------------
+
+def bodies(feeds: dict[str, np.ndarray]) -> dict[str, tuple[str, bytes, dict[str, str]]]:
+    """Per edge: (path, body, headers) of one request for ``feeds``."""
+    from processor.codec import encode_request
+
+    rows = [{k: v[i].tolist() for k, v in feeds.items()} for i in range(len(next(iter(feeds.values()))))]
+    binary, header_length = v2_binary_request(feeds)
+    return {
+        "HTTP ours": (f"/api/predict/{MODEL}", encode_request(feeds), {"Content-Type": PROTOBUF}),
+        "TF Serving REST JSON": (f"/v1/models/{MODEL}:predict", json.dumps({"instances": rows}).encode(),
+                                 {"Content-Type": "application/json"}),
+        "v2 REST binary": (f"/v2/models/{MODEL}/infer", binary,
+                           {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(header_length)}),
+        "v2 REST JSON": (f"/v2/models/{MODEL}/infer", v2_json_request(feeds), {"Content-Type": "application/json"}),
+        "gRPC ours": ("/tensorflow.eas.ProcessorService/Predict", encode_request(feeds), {"model-name": MODEL}),
+        "TF Serving gRPC": ("/tensorflow.serving.PredictionService/Predict", tfs_grpc_request(feeds), {}),
+        "v2 gRPC": (MODEL_INFER, v2_grpc_request(feeds), {}),
+    }
+
+
+def tfs_grpc_request(feeds) -> bytes:
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2
+
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = MODEL
+    for key, array in feeds.items():
+        request.inputs[key].CopyFrom(tf.make_tensor_proto(array))
+    return request.SerializeToString()
+
+
+def answer(edge: str, http: str, grpc_target: str, path: str, body: bytes, headers: dict) -> np.ndarray:
+    """The ``prob`` output one edge answers for ``body``."""
+    import grpc
+
+    from processor.codec import decode_response
+
+    if edge in ("v2 REST binary", "v2 REST JSON"):
+        n = headers.get(HEADER_LENGTH)
+        return v2_http(http + path, body, int(n) if n else None)["prob"]
+    if edge == "v2 gRPC":
+        return v2_grpc(grpc_target, body)["prob"]
+    if edge in GRPC_EDGES:
+        with grpc.insecure_channel(grpc_target) as channel:
+            raw = channel.unary_unary(path)(body, metadata=tuple(headers.items()), timeout=60)
+        if edge == "gRPC ours":
+            return decode_response(raw)["prob"]
+        import tensorflow as tf
+        from tensorflow_serving.apis import predict_pb2
+
+        return tf.make_ndarray(predict_pb2.PredictResponse.FromString(raw).outputs["prob"])
+    request = urllib.request.Request(http + path, data=body, headers=headers)
+    with urllib.request.urlopen(request, timeout=60) as resp:
+        raw = resp.read()
+    if edge == "HTTP ours":
+        return decode_response(raw)["prob"]
+    return np.asarray(json.loads(raw)["predictions"], np.float32)
+
+
+# --- servers ----------------------------------------------------------------------------------
+
+class Server:
+    """A server process (ours or a floor), stopped on exit."""
+
+    def __init__(self, cmd: list[str], env: dict | None = None, cwd: Path = ROOT) -> None:
+        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def wait_line(self, text: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if text in Path(self.log.name).read_text():
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise RuntimeError(f"server did not print {text!r}:\n{Path(self.log.name).read_text()[-3000:]}")
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        os.unlink(self.log.name)
+
+
+def our_server(work: Path, models: list[dict], http_port: int, grpc_port: int) -> Server:
+    deployment = work / f"deployment-{http_port}.json"
+    deployment.write_text(json.dumps({"models": models, "http_port": http_port, "grpc_port": grpc_port}))
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    server = Server([sys.executable, "-m", "server", "--config", str(deployment)], env=env)
+    wait_http(f"http://127.0.0.1:{http_port}/readyz", server.proc)
+    return server
+
+
+def load(edge: str, port: int, pid: int, path: str, body: bytes, headers: dict, seconds: float,
+         connections: int = 32) -> dict:
+    if edge in GRPC_EDGES or edge.startswith("gRPC floor"):
+        return native_load.h2load(f"http://127.0.0.1:{port}{path}", body, headers, pid, clients=8, streams=4,
+                                  seconds=seconds)
+    return native_load.wrk(f"http://127.0.0.1:{port}{path}", body, headers, pid, connections=connections,
+                           seconds=seconds)
+
+
+# --- the run ----------------------------------------------------------------------------------
+
+def bench(args) -> dict:
+    from demo import dlrm_onnx
+    from processor.codec import decode_response, encode_request
+    from processor.processor import Processor
+
+    tools = native_load.available()
+    if not all(tools.values()):
+        raise SystemExit(f"needs wrk and h2load (apt-get install wrk nghttp2-client): {tools}")
+    work = Path(tempfile.mkdtemp(prefix="bench_edges_"))
+    model_dir = work / "dlrm"
+    dlrm_onnx.build(model_dir / "model.onnx", rows=20_000, dim=16)
+    config = model_config(model_dir)
+    feeds = {b: dlrm_onnx.inputs(b, seed=b) for b in BATCHES}
+    requests = {b: bodies(feeds[b]) for b in BATCHES}
+    rows: list[dict] = []
+
+    # the limit: process() in-process, 2 threads
+    processor = Processor.create(MODEL, json.dumps(config))
+    expected = {}
+    try:
+        for b in BATCHES:
+            data = encode_request(feeds[b])
+            status, out = processor.process(data)
+            assert status == 200, out
+            expected[b] = decode_response(out)["prob"]
+            r = run_threads(lambda _i, d=data: processor.process(d), 2, args.seconds)
+            rows.append({"server": "process() in-process", "edge": "process()", "batch": b, "threads": 2,
+                         "req_per_s": r["calls_per_s"], "p50_ms": r["p50_us"] / 1000, "p99_ms": r["p99_us"] / 1000})
+            print(f"process() batch {b}: {r['calls_per_s']:.0f}/s", flush=True)
+    finally:
+        processor.close()
+
+    # the floors
+    answer_bytes = {b: len(encode_request({"prob": expected[b]})) for b in BATCHES}
+    for name, extra in (("HTTP floor (thread hop)", ["--hop"]), ("HTTP floor (no hop)", [])):
+        port = free_port()
+        with Server([sys.executable, "-m", "benchmarks.edge_floors", "http", "--port", str(port),
+                     "--body-bytes", str(answer_bytes[1]), *extra]) as floor:
+            floor.wait_line("READY")
+            r = load(name, port, floor.proc.pid, "/api/predict/x", requests[1]["HTTP ours"][1],
+                     {"Content-Type": PROTOBUF}, args.seconds)
+        rows.append({"server": "floor", "edge": name, "batch": 1, **r})
+        print(f"{name}: {r['req_per_s']:.0f}/s, {r['cpu_us_per_request']:.0f} us", flush=True)
+    for name, extra in (("gRPC floor (sync)", []), ("gRPC floor (aio)", ["--aio"])):
+        port = free_port()
+        with Server([sys.executable, "-m", "benchmarks.edge_floors", "grpc", "--port", str(port),
+                     "--body-bytes", str(answer_bytes[1]), *extra]) as floor:
+            floor.wait_line("READY")
+            r = load(name, port, floor.proc.pid, "/x.Y/Z", requests[1]["gRPC ours"][1], {}, args.seconds)
+        rows.append({"server": "floor", "edge": name, "batch": 1, **r})
+        print(f"{name}: {r['req_per_s']:.0f}/s, {r['cpu_us_per_request']:.0f} us", flush=True)
+
+    # our server, every edge
+    http_port, grpc_port = free_port(), free_port()
+    with our_server(work, [{"name": MODEL, "model_config": config}], http_port, grpc_port) as server:
+        http, target = f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}"
+        for b in BATCHES:
+            for edge in HTTP_EDGES + GRPC_EDGES:
+                path, body, headers = requests[b][edge]
+                got = answer(edge, http, target, path, body, headers)
+                diff = float(np.max(np.abs(np.asarray(got, np.float32).reshape(expected[b].shape) - expected[b])))
+                if diff > 1e-5:
+                    raise AssertionError(f"{edge} batch {b}: answers differ from process() by {diff}")
+                port = grpc_port if edge in GRPC_EDGES else http_port
+                r = load(edge, port, server.proc.pid, path, body, headers, args.seconds)
+                rows.append({"server": "ours", "edge": edge, "batch": b, "max_abs_diff": diff, **r})
+                print(f"ours {edge} batch {b}: {r['req_per_s']:.0f}/s p99 {r['p99_ms']:.1f} ms, "
+                      f"{r['cpu_us_per_request']:.0f} us/req, errors {r['errors']}", flush=True)
+
+    if not args.skip_batching:
+        rows.extend(edge_batching(work, args.seconds))
+    return {"machine": machine(), "seconds": args.seconds, "rows": rows}
+
+
+def edge_batching(work: Path, seconds: float) -> list[dict]:
+    """The demo CTR model on TensorFlow, 64 HTTP connections of batch-1 requests, batching on/off."""
+    from benchmarks.common import demo_paths, processor_config
+    from demo.synthetic_data import synthetic_batch
+    from processor.codec import encode_request
+
+    paths = demo_paths("small")
+    body = encode_request(synthetic_batch(1, 5))
+    out = []
+    for batching in (False, True):
+        config = processor_config(paths, 2)
+        if batching:
+            config["batching"] = {"max_batch_size": 64, "batch_timeout_micros": 0, "num_batch_threads": 2,
+                                  "max_enqueued_batches": 100}
+        http_port, grpc_port = free_port(), free_port()
+        with our_server(work, [{"name": MODEL, "model_config": config}], http_port, grpc_port) as server:
+            r = native_load.wrk(f"http://127.0.0.1:{http_port}/api/predict/{MODEL}", body, {"Content-Type": PROTOBUF},
+                                server.proc.pid, connections=64, seconds=seconds)
+        out.append({"server": "ours (demo, TensorFlow)", "edge": f"HTTP ours, batching {'on' if batching else 'off'}",
+                    "batch": 1, **r})
+        print(f"demo TF batching {batching}: {r['req_per_s']:.0f}/s p99 {r['p99_ms']:.1f} ms", flush=True)
+    return out
+
+
+def machine() -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    return f"{os.cpu_count()} cores, {cpu}, load average {os.getloadavg()[0]:.1f} at the start"
+
+
+# --- the report -------------------------------------------------------------------------------
+
+def report(result: dict) -> str:
+    rows = result["rows"]
+
+    def find(server: str, edge: str, batch: int) -> dict | None:
+        return next((r for r in rows if r["server"] == server and r["edge"] == edge and r["batch"] == batch), None)
+
+    lines = [f"# Network edges vs the engine and the bare stack ({result['machine']})", "",
+             f"{result['seconds']} s per row; DLRM-like .onnx, session_num 2, per-session pools, intra-op 1; "
+             "HTTP: wrk, 32 connections; gRPC: h2load, 8 connections x 4 streams.", "",
+             "| server | edge | batch | req/s | p50 ms | p99 ms | server CPU us/req | errors |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        cpu = r.get("cpu_us_per_request")
+        lines.append(f"| {r['server']} | {r['edge']} | {r['batch']} | {r['req_per_s']:,.0f} | {r['p50_ms']:.2f} | "
+                     f"{r['p99_ms']:.2f} | {'' if cpu is None else f'{cpu:,.0f}'} | {r.get('errors', '')} |")
+    targets = []
+
+    def ratio(a: dict | None, b: dict | None) -> float | None:
+        return a["req_per_s"] / b["req_per_s"] if a and b else None
+
+    def target(what: str, value: float | None, bound: float, more: bool = True) -> None:
+        ok = value is not None and (value >= bound if more else value <= bound)
+        targets.append(f"| {what} | {'n/a' if value is None else f'{value:.2f}'} | "
+                       f"{'>=' if more else '<='} {bound:g} | {'met' if ok else 'NOT met'} |")
+
+    limit = {b: find("process() in-process", "process()", b) for b in BATCHES}
+    http1 = find("ours", "HTTP ours", 1)
+    target("batch 1: HTTP ours / process() (2 threads)", ratio(http1, limit[1]), 0.5)
+    target("batch 1: HTTP ours server CPU us/request", http1 and http1["cpu_us_per_request"], 120, more=False)
+    target("batch 1: gRPC ours / bare grpcio floor (sync)", ratio(find("ours", "gRPC ours", 1),
+                                                                   find("floor", "gRPC floor (sync)", 1)), 0.8)
+    for edge in ("HTTP ours", "gRPC ours"):
+        target(f"batch 256: {edge} / process()", ratio(find("ours", edge, 256), limit[256]), 0.85)
+    for edge, base, bound in (("TF Serving REST JSON", "HTTP ours", 0.5), ("v2 REST JSON", "HTTP ours", 0.5),
+                              ("v2 REST binary", "HTTP ours", 0.7), ("TF Serving gRPC", "gRPC ours", 0.7),
+                              ("v2 gRPC", "gRPC ours", 0.7)):
+        target(f"batch 1: {edge} / {base}", ratio(find("ours", edge, 1), find("ours", base, 1)), bound)
+    on = find("ours (demo, TensorFlow)", "HTTP ours, batching on", 1)
+    off = find("ours (demo, TensorFlow)", "HTTP ours, batching off", 1)
+    if on and off:
+        target("demo TF, 64 connections: batching on / off req/s", ratio(on, off), 2.0)
+        target("demo TF, 64 connections: p99 on / off", on["p99_ms"] / off["p99_ms"], 1.0, more=False)
+    lines += ["", "| target (issue 23) | measured | bound | |", "|---|---:|---:|---|", *targets]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--skip-batching", action="store_true", help="skip the demo model's batching rows")
+    parser.add_argument("--out-dir", type=Path)
+    args = parser.parse_args()
+    result = bench(args)
+    write_results("edges", result, report(result), args.out_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""Native load generators for the server benchmarks: ``wrk`` (HTTP/1.1) and ``h2load`` (gRPC over
+h2c), Debian packages ``wrk`` and ``nghttp2-client`` (``scripts/setup.sh`` installs them where it
+can). Neither runs Python, so the client does not take the cores the server is measured on.
+
+Each run: a warmup, then a timed run; the server's CPU time (user + system of its process and
+its children, from ``/proc/<pid>/stat``) is read around the timed run, so the figure is server
+CPU per request, whatever else the machine runs. Returns req/s, p50/p99 latency (ms) and
+``cpu_us_per_request``; ``errors`` counts non-2xx answers (wrk) or failed requests (h2load).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import struct
+import subprocess
+import tempfile
+from pathlib import Path
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+WRK_SCRIPT = """
+local f = io.open(os.getenv("SP_BODY"), "rb"); wrk.body = f:read("*a"); f:close()
+wrk.method = "POST"
+for header in string.gmatch(os.getenv("SP_HEADERS") or "", "[^\\n]+") do
+  local k, v = header:match("^([^:]+):%s*(.*)$")
+  wrk.headers[k] = v
+end
+"""
+
+
+def available() -> dict[str, bool]:
+    return {"wrk": shutil.which("wrk") is not None, "h2load": shutil.which("h2load") is not None}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its waited-for children."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(fields[i]) for i in (11, 12, 13, 14)) / _TICK
+
+
+def grpc_frame(message: bytes) -> bytes:
+    """One gRPC length-prefixed message (not compressed), as h2load sends it as the body."""
+    return b"\x00" + struct.pack(">I", len(message)) + message
+
+
+def wrk(url: str, body: bytes, headers: dict[str, str], pid: int, *, connections: int = 32, threads: int = 2,
+        seconds: float = 5.0, warmup: float = 1.0) -> dict:
+    """POST ``body`` to ``url`` from ``connections`` keep-alive connections."""
+    with tempfile.TemporaryDirectory() as tmp:
+        body_file, script = Path(tmp) / "body", Path(tmp) / "post.lua"
+        body_file.write_bytes(body)
+        script.write_text(WRK_SCRIPT)
+        env = {**os.environ, "SP_BODY": str(body_file),
+               "SP_HEADERS": "\n".join(f"{k}: {v}" for k, v in headers.items())}
+
+        def run(duration: float) -> str:
+            cmd = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{max(1, round(duration))}s", "--latency",
+                   "-s", str(script), url]
+            return subprocess.run(cmd, env=env, capture_output=True, text=True, check=True,
+                                  timeout=duration + 60).stdout
+
+        if warmup > 0:
+            run(warmup)
+        before = cpu_seconds(pid)
+        out = run(seconds)
+        used = cpu_seconds(pid) - before
+    requests = int(re.search(r"(\d+) requests in", out).group(1))
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    socket_errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    return {"tool": "wrk", "connections": connections, "requests": requests,
+            "req_per_s": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+            "p50_ms": _wrk_ms(out, "50%"), "p99_ms": _wrk_ms(out, "99%"),
+            "cpu_us_per_request": used / max(1, requests) * 1e6,
+            "errors": (int(errors.group(1)) if errors else 0)
+            + (sum(int(g) for g in socket_errors.groups()) if socket_errors else 0)}
+
+
+def _wrk_ms(out: str, percentile: str) -> float:
+    m = re.search(rf"^\s+{re.escape(percentile)}\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
+    value, unit = float(m.group(1)), m.group(2)
+    return value / 1000 if unit == "us" else value * 1000 if unit == "s" else value
+
+
+def h2load(url: str, message: bytes, headers: dict[str, str], pid: int, *, clients: int = 8, streams: int = 4,
+           seconds: float = 5.0, warmup: float = 1.0, threads: int = 2) -> dict:
+    """Unary gRPC calls of ``message`` to ``url`` (``http://host:port/package.Service/Method``) from
+    ``clients`` h2c connections with ``streams`` concurrent streams each."""
+    with tempfile.TemporaryDirectory() as tmp:
+        body_file, log_file = Path(tmp) / "body", Path(tmp) / "log"
+        body_file.write_bytes(grpc_frame(message))
+        head = ["-H", "content-type: application/grpc", "-H", "te: trailers"]
+        for key, value in headers.items():
+            head += ["-H", f"{key}: {value}"]
+
+        def run(duration: float, log: bool) -> str:
+            cmd = ["h2load", "-c", str(clients), "-m", str(streams), "-t", str(threads), "-D", str(max(1, round(duration))),
+                   "-d", str(body_file), *head, url]
+            if log:
+                cmd[1:1] = ["--log-file", str(log_file)]
+            return subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=duration + 60).stdout
+
+        if warmup > 0:
+            run(warmup, False)
+        before = cpu_seconds(pid)
+        out = run(seconds, True)
+        used = cpu_seconds(pid) - before
+        durations = sorted(int(line.split("\t")[2]) for line in log_file.read_text().splitlines()
+                           if line.count("\t") >= 2)
+    done = re.search(r"requests: \d+ total, \d+ started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored",
+                      out)
+    finished = re.search(r"finished in ([\d.]+)(m?s), ([\d.]+) req/s", out)
+    requests = int(done.group(1))
+    return {"tool": "h2load", "connections": clients, "streams": streams, "requests": requests,
+            "req_per_s": float(finished.group(3)),
+            "p50_ms": durations[len(durations) // 2] / 1000 if durations else None,
+            "p99_ms": durations[min(len(durations) - 1, int(len(durations) * 0.99))] / 1000 if durations else None,
+            "cpu_us_per_request": used / max(1, requests) * 1e6,
+            "errors": int(done.group(3)) + int(done.group(4))}
