@@ -46,6 +46,14 @@ class Reply:
     headers: tuple[tuple[bytes, bytes], ...] = ()  # more response headers (Retry-After)
 
 
+def header(headers: list, name: bytes) -> str | None:
+    """The first value of header ``name`` (lower case) among ASGI ``headers``."""
+    for key, value in headers:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
 def error_reply(exc: BaseException) -> Reply:
     """The one mapping of an error to HTTP: STATUS_TABLE's status and ``{"error": message}``."""
     err = edge_error(exc, "http", log)
@@ -91,9 +99,15 @@ class PredictRoutes:
         self.json_limits = tfs_json.Limits(
             max_elements=getattr(dep, "json_max_elements", tfs_json.DEFAULT_MAX_ELEMENTS))
         self.json_budget = MemoryBudget(getattr(dep, "json_decode_memory_bytes", DEFAULT_BUDGET))
+        self._more: list[tuple[re.Pattern, Callable[[re.Match, Receive, list], Awaitable[Reply]]]] = []
+
+    def add(self, pattern: re.Pattern, handler: Callable[[re.Match, Receive, list], Awaitable[Reply]]) -> None:
+        """Answer POSTs whose path matches ``pattern`` with ``handler(match, receive, headers)``
+        on this fast path (another protocol's inference route: KServe v2's ``infer``)."""
+        self._more.append((pattern, handler))
 
     def route(self, path: str) -> Callable[[Receive, list], Awaitable[Reply]] | None:
-        """The handler for a POST to ``path``, or None (not a predict URL)."""
+        """The handler for a POST to ``path``, or None (not an inference URL)."""
         if path.startswith(EAS_PREFIX):
             model = path[len(EAS_PREFIX):]
             if model and "/" not in model:
@@ -101,6 +115,10 @@ class PredictRoutes:
             return None
         if PREDICT_PATH.match(path):
             return lambda receive, headers: self.tfs(path, receive, headers)
+        for pattern, handler in self._more:
+            m = pattern.match(path)
+            if m is not None:
+                return lambda receive, headers: handler(m, receive, headers)
         return None
 
     async def eas(self, model: str, receive: Receive, headers: list) -> Reply:

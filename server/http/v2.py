@@ -25,6 +25,7 @@ every route, readiness included. JSON responses never carry NaN / Infinity (see
 from __future__ import annotations
 
 import json
+import re
 import zlib
 from dataclasses import dataclass
 from typing import Any
@@ -40,10 +41,11 @@ from ..runtime import ServingRuntime
 from . import v2_json
 from .body import read_body
 from .memory_budget import Hold, trim_heap
-from .predict import PredictRoutes, Reply, as_response, error_reply, tracked
+from .predict import PredictRoutes, Reply, as_response, error_reply, header, tracked
 from .tfs_json import DEFAULT_MAX_ELEMENTS, SMALL_BODY
 
 HEADER_LENGTH = "inference-header-content-length"
+INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
 _MAX_ECHO = 64
 _ENCODINGS = {"gzip": 31, "x-gzip": 31, "deflate": 15}  # zlib wbits: gzip header, zlib header
 _INFLATE_STEP = 1 << 20  # bytes inflated at a time, each counted against the limit
@@ -86,24 +88,32 @@ def register(app, rt: ServingRuntime, errors: dict, routes: PredictRoutes) -> No
             return _error(exc)
         return JSONResponse({"name": model, "ready": ok}, status_code=200 if ok else 503)
 
+    async def infer(match: re.Match, receive, headers: list) -> Reply:
+        """POST .../infer, answered before routing (PredictRoutes' fast path; the FastAPI routes
+        below document it)."""
+        model, version = match.group(1), match.group(2)  # an ASGI path is percent-decoded already
+
+        async def work() -> Reply:
+            deadline = from_http_headers(headers)
+            header_length = header(headers, b"inference-header-content-length")
+            encoding = _encoding(header(headers, b"content-encoding"))
+            limit, setting = ((routes.json_limit, routes.json_setting) if header_length is None
+                              else (routes.limit, "max_request_bytes"))
+            with routes.json_budget.hold() as hold:
+                body = await read_body(receive, headers, limit, hold, setting)
+                limits = BodyLimits(limit, setting, routes.json_limits.max_elements, hold)
+                return await rt.run(model, infer_http, rt, model, version, body, header_length, deadline,
+                                    limits, encoding)
+        return await tracked(rt, model, "v2_infer", work, error_reply)
+
+    routes.add(INFER_PATH, infer)
+
     @app.post("/v2/models/{model}/infer", tags=["kserve-v2"], summary="Inference", responses=errors)
     @app.post("/v2/models/{model}/versions/{version}/infer", tags=["kserve-v2"], summary="Inference",
               responses=errors)
     async def v2_infer(model: str, request: Request, version: str | None = None) -> Response:
-        headers = request.scope["headers"]
-
-        async def work() -> Reply:
-            deadline = from_http_headers(headers)
-            header_length = request.headers.get(HEADER_LENGTH)
-            encoding = _encoding(request.headers.get("content-encoding"))
-            limit, setting = ((routes.json_limit, routes.json_setting) if header_length is None
-                              else (routes.limit, "max_request_bytes"))
-            with routes.json_budget.hold() as hold:
-                body = await read_body(request.receive, headers, limit, hold, setting)
-                limits = BodyLimits(limit, setting, routes.json_limits.max_elements, hold)
-                return await rt.run(model, infer_http, rt, model, version, body, header_length, deadline,
-                                    limits, encoding)
-        return as_response(await tracked(rt, model, "v2_infer", work, error_reply))
+        m = INFER_PATH.match(request.scope["path"])
+        return as_response(await infer(m, request.receive, request.scope["headers"]))
 
 
 def _error(exc: BaseException) -> Response:
