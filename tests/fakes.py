@@ -21,6 +21,7 @@ class FakeGroup:
     """See the module doc. Thread-safe."""
 
     lanes = 2
+    serves_natively = False  # its run holds the GIL: never run in place on an event loop
 
     def __init__(self, fail_on: float | None = None, not_per_row: bool = False) -> None:
         self.fail_on = fail_on
@@ -79,6 +80,7 @@ class _Signature:
 class _Group:
     signature = _Signature()
     version = None
+    serves_natively = False  # an event loop never runs it in place (DataPlane.try_inline)
 
     def serve(self, data) -> bytes:
         return ANSWER
