@@ -124,7 +124,7 @@ def model_ready(rt, name: str, version: str | None = None, unserved_version: boo
     that is not the served one (as metadata and infer answer; else False); InvalidArgument for a
     malformed version."""
     wanted = _wanted(version)
-    if not rt.model(name).ready or rt.gate.draining:  # NotFound for an unknown model
+    if not rt.model_ready(name):  # NotFound for an unknown model
         return False
     try:
         rt.dataplane.served(name, wanted)

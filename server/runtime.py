@@ -103,10 +103,21 @@ class ServingRuntime:
         for thread in self._loaders:
             thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
+    def readiness(self) -> dict[str, bool]:
+        """Per model: it serves a version and the server is not draining. The one rule every
+        readiness API answers by (HTTP ``/readyz`` and ``/v2/models/{m}/ready``, KServe v2
+        ServerReady / ModelReady, gRPC health)."""
+        draining = self.gate.draining
+        return {m.name: m.ready and not draining for m in self.models}
+
+    def model_ready(self, name: str) -> bool:
+        """:meth:`readiness` of one model; NotFound for an unknown one."""
+        return self.models.get(name).ready and not self.gate.draining
+
     @property
     def ready(self) -> bool:
-        """Every model serves a version, and the server is not draining."""
-        return not self.gate.draining and all(m.ready for m in self.models)
+        """Every model ready (:meth:`readiness`), and the server not draining."""
+        return not self.gate.draining and all(self.readiness().values())
 
     def states(self) -> dict[str, str]:
         return {m.name: m.state for m in self.models}

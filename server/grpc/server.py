@@ -146,8 +146,7 @@ class Health:
         from grpc_health.v1 import health_pb2
 
         serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
-        draining = self.rt.gate.draining
-        ready = {m.name: m.ready and not draining for m in self.rt.models}
+        ready = self.rt.readiness()
         self.servicer.set("", serving if ready and all(ready.values()) else not_serving)
         any_ready = serving if any(ready.values()) else not_serving
         for service in (PROCESSOR_SERVICE, tfs.PREDICTION_SERVICE, tfs.MODEL_SERVICE, v2.SERVICE):

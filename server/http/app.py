@@ -221,10 +221,10 @@ def create_http_app(rt: ServingRuntime) -> Any:
              responses={503: {"description": "a model not ready, or the server draining"}})
     @app.get("/v2/health/ready", tags=["health"], summary="Readiness (KServe v2 path)")
     async def ready() -> JSONResponse:
-        states = rt.states()
+        states, readiness = rt.states(), rt.readiness()
         body: dict[str, Any] = {"ready": rt.ready, "draining": rt.gate.draining, "models": states}
         if not body["ready"]:
-            waiting = [f"{n}: {s}" for n, s in states.items() if not rt.model(n).ready]
+            waiting = [f"{n}: {s}" for n, s in states.items() if not readiness[n]]
             body["error"] = ("server is shutting down" if rt.gate.draining
                              else f"models not ready: {', '.join(waiting)}")
             return JSONResponse(body, status_code=503)
@@ -234,10 +234,9 @@ def create_http_app(rt: ServingRuntime) -> Any:
              responses=INFO_ERRORS)
     async def model_ready(model: str) -> JSONResponse:
         try:
-            served = rt.model(model)
+            served, ok = rt.model(model), rt.model_ready(model)
         except ProcessorError as exc:
             return error_response(exc)
-        ok = served.ready and not rt.gate.draining
         body = {"name": model, "ready": ok, "state": served.state}
         if not ok:
             body["error"] = served.last_error or f"model {model!r} is {served.state}"
