@@ -16,15 +16,29 @@ missing=()
 for tool in cmake:cmake g++:g++ make:make redis-server:redis-server redis-cli:redis-tools; do
   command -v "${tool%%:*}" >/dev/null 2>&1 || missing+=("${tool##*:}")
 done
+# The benchmarks' native load generators (benchmarks/native_load.py): wrk (HTTP/1.1) and h2load
+# (gRPC over h2c). Not needed by the server or the tests: installed alongside when apt-get runs.
+optional=()
+for tool in wrk:wrk h2load:nghttp2-client; do
+  command -v "${tool%%:*}" >/dev/null 2>&1 || optional+=("${tool##*:}")
+done
 # Python's headers, for the native builds (a Debian python3.11 has them in python3.11-dev).
 if ! "$py" -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'; then
   missing+=("$("$py" -c 'import sys; print("python3.%d-dev" % sys.version_info[1])')")
 fi
-if [ ${#missing[@]} -gt 0 ]; then
+if [ ${#missing[@]} -gt 0 ] || [ ${#optional[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "[setup] installing ${missing[*]}"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-  else
+    if [ ${#missing[@]} -gt 0 ]; then
+      echo "[setup] installing ${missing[*]}"
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    fi
+    if [ ${#optional[@]} -gt 0 ]; then
+      echo "[setup] installing ${optional[*]} (the benchmarks' load generators)"
+      { [ ${#missing[@]} -gt 0 ] || apt-get update -qq; } \
+        && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${optional[@]}" >/dev/null \
+        || echo "[setup] could not install ${optional[*]}; only the edge benchmarks need them" >&2
+    fi
+  elif [ ${#missing[@]} -gt 0 ]; then
     echo "[setup] missing system packages: ${missing[*]} (install them with apt-get as root)" >&2
   fi
 fi
