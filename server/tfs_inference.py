@@ -106,23 +106,23 @@ def classify(dataplane, request, deadline: float | None = None, wanted: Wanted |
     """A ``ClassificationRequest`` answered as a ``ClassificationResponse``."""
     from tensorflow_serving.apis import classification_pb2
 
-    examples = examples_tensor(request.input)
-    result = _run(dataplane, _call(request.model_spec.name, examples, request.model_spec, deadline, wanted))
-    response = classification_pb2.ClassificationResponse()
-    _model_spec(response.model_spec, request.model_spec, result)
-    fill_classifications(response.result, result.signature, result.outputs, len(examples))
-    return response
+    return _answer(dataplane, request, deadline, wanted, classification_pb2.ClassificationResponse(),
+                   fill_classifications)
 
 
 def regress(dataplane, request, deadline: float | None = None, wanted: Wanted | None = None):
     """A ``RegressionRequest`` answered as a ``RegressionResponse``."""
     from tensorflow_serving.apis import regression_pb2
 
+    return _answer(dataplane, request, deadline, wanted, regression_pb2.RegressionResponse(), fill_regressions)
+
+
+def _answer(dataplane, request, deadline: float | None, wanted: Wanted | None, response, fill):
+    """Run a classify / regress ``request``; ``fill`` writes the outputs into ``response.result``."""
     examples = examples_tensor(request.input)
     result = _run(dataplane, _call(request.model_spec.name, examples, request.model_spec, deadline, wanted))
-    response = regression_pb2.RegressionResponse()
     _model_spec(response.model_spec, request.model_spec, result)
-    fill_regressions(response.result, result.signature, result.outputs, len(examples))
+    fill(response.result, result.signature, result.outputs, len(examples))
     return response
 
 

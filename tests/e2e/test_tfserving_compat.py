@@ -132,13 +132,6 @@ def server(testdata, tmp_path_factory):
     assert proc.stop(timeout=30) == 0, proc.log()
 
 
-@pytest.fixture(scope="module")
-def channel(server):
-    ch = grpc.insecure_channel(server.grpc_target)
-    yield ch
-    ch.close()
-
-
 # --- TF Serving's test base, ported -------------------------------------------------------------
 
 def wait_for_server_ready(target: str) -> None:
