@@ -284,3 +284,30 @@ def test_rest_classify_regress_with_context(server, export):
     with urllib.request.urlopen(request, timeout=TIMEOUT) as resp:
         got = np.array(json.loads(resp.read())["results"], np.float32)
     assert_outputs_close({"p": got}, {"p": run_tensorflow(export, merged(), "regression")["outputs"].ravel()})
+
+
+def test_new_calls_counted_like_predict(server, stub):
+    """Metrics count Classify / Regress / MultiInference (gRPC and REST) as they count Predict."""
+    from tensorflow_serving.apis import classification_pb2, inference_pb2, regression_pb2
+
+    for make, call in ((classification_pb2.ClassificationRequest, stub.Classify),
+                       (regression_pb2.RegressionRequest, stub.Regress)):
+        request = make(model_spec={"name": "ranker", "signature_name": "regression" if call == stub.Regress else ""})
+        fill_input(request, True)
+        call(request, TIMEOUT)
+    request = inference_pb2.MultiInferenceRequest()
+    request.tasks.add(model_spec={"name": "ranker", "signature_name": "regression"},
+                      method_name="tensorflow/serving/regress")
+    fill_input(request, True)
+    stub.MultiInference(request, TIMEOUT)
+    for method, signature in (("classify", "classification"), ("regress", "regression")):
+        body = json.dumps({"signature_name": signature, "examples": [dict(ITEMS[0])]}).encode()
+        with urllib.request.urlopen(urllib.request.Request(f"{server.http}/v1/models/ranker:{method}", data=body),
+                                    timeout=TIMEOUT) as resp:
+            assert resp.status == 200
+    with urllib.request.urlopen(f"{server.http}/metrics", timeout=TIMEOUT) as resp:
+        text = resp.read().decode()
+    for protocol, api in (("grpc", "tfs_classify"), ("grpc", "tfs_regress"), ("grpc", "tfs_multi_inference"),
+                          ("http", "tfs_classify"), ("http", "tfs_regress")):
+        assert any(f'protocol="{protocol}"' in line and f'api="{api}"' in line and 'model="ranker"' in line
+                   for line in text.splitlines() if line.startswith("sp_requests")), (protocol, api)
