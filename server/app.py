@@ -41,8 +41,11 @@ class ServingApp:
 
     def __init__(self, deployment: DeploymentConfig, *, managers: dict[str, Any] | None = None,
                  ports_file: str | os.PathLike | None = None,
-                 announce: Callable[[str], None] | None = None) -> None:
+                 announce: Callable[[str], None] | None = None, worker: bool = False) -> None:
         self.deployment = deployment
+        # a supervisor's worker (server/supervisor.py): ports shared with SO_REUSEPORT, models
+        # loaded before the ports open (no request meets a loading worker)
+        self.worker = worker
         self.runtime = ServingRuntime(deployment, managers)
         self.ports_file = Path(ports_file) if ports_file else None
         self.announce = announce or (lambda line: print(line, flush=True))
@@ -89,6 +92,9 @@ class ServingApp:
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(sig, self._on_signal, sig)
 
+        if self.worker:
+            self.runtime.start_models()
+            await loop.run_in_executor(None, self.runtime.wait_models)
         if dep.grpc_port is not None:
             from .grpc.server import add_grpc_port, create_grpc_server
 
@@ -104,7 +110,7 @@ class ServingApp:
             self._grpc.start()
         http_tasks = []
         for attr, port, tls, probes in self._http_listeners():
-            sock = _bind(dep.host, port)
+            sock = _bind(dep.host, port, reuse_port=self.worker)
             setattr(self, attr, sock.getsockname()[1])
             server = self._make_uvicorn(tls, probes)
             self._uvicorns.append(server)
@@ -117,7 +123,8 @@ class ServingApp:
         if self.tls is not None:
             self.tls.start()
         self._write_ports()
-        self.runtime.start_models()
+        if not self.worker:
+            self.runtime.start_models()
         self.started.set()
 
         await self._stop.wait()
@@ -242,12 +249,14 @@ class ServingApp:
             await asyncio.get_running_loop().run_in_executor(None, lambda: self._grpc.stop(grace).wait(5))
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def _bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY only on sockets that say they are TCP; without
     # it, Nagle + delayed ACKs add 40 ms to every response written in two parts (uvicorn does)
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:  # every worker listens on the port; the kernel spreads the connections
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:

@@ -224,7 +224,7 @@ def test_metadata_lists_every_signature(server, stub):
         model_spec={"name": "ranker"}, metadata_field=["signature_def"]), TIMEOUT)
     sig_map = get_model_metadata_pb2.SignatureDefMap()
     response.metadata["signature_def"].Unpack(sig_map)
-    assert set(sig_map.signature_def) == {"serving_default", "classification", "regression", "predict"}
+    assert set(sig_map.signature_def) == {"serving_default", "classification", "regression", "predict", "ranking"}
     with urllib.request.urlopen(f"{server.http}/v1/models/ranker/metadata", timeout=TIMEOUT) as resp:
         doc = json.loads(resp.read())
     assert set(doc["metadata"]["signature_def"]["signature_def"]) == set(sig_map.signature_def)
@@ -311,3 +311,23 @@ def test_new_calls_counted_like_predict(server, stub):
                           ("http", "tfs_classify"), ("http", "tfs_regress")):
         assert any(f'protocol="{protocol}"' in line and f'api="{api}"' in line and 'model="ranker"' in line
                    for line in text.splitlines() if line.startswith("sp_requests")), (protocol, api)
+
+
+def test_a_predict_signature_over_examples_takes_context(stub, export):
+    """Beyond TF Serving: Regress and Classify on a predict signature whose one input is the
+    serialized examples (any alias) and whose one output is the score."""
+    from tensorflow_serving.apis import classification_pb2, regression_pb2
+
+    from models.estimator_like import run_tensorflow
+
+    want = run_tensorflow(export, merged(), "ranking")["probability"]
+    request = regression_pb2.RegressionRequest(model_spec={"name": "ranker", "signature_name": "ranking"})
+    fill_input(request, True)
+    got = np.array([r.value for r in stub.Regress(request, TIMEOUT).result.regressions], np.float32)
+    assert_outputs_close({"p": got}, {"p": want.ravel()})
+    request = classification_pb2.ClassificationRequest(model_spec={"name": "ranker", "signature_name": "ranking"})
+    fill_input(request, True)
+    result = stub.Classify(request, TIMEOUT)
+    got = np.array([[c.score for c in item.classes] for item in result.result.classifications], np.float32)
+    assert_outputs_close({"p": got}, {"p": want})
+    assert all(c.label == "" for item in result.result.classifications for c in item.classes)

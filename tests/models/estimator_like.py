@@ -5,7 +5,9 @@ serialized ``tf.Example``s parsed with a feature spec, and the signatures an Est
 * ``serving_default`` and ``classification``: ``inputs`` (the examples) -> ``classes``
   (DT_STRING ``[batch, 2]``, "0" / "1") and ``scores`` (``[batch, 2]``);
 * ``regression``: ``inputs`` -> ``outputs`` (the probability of class 1, ``[batch, 1]``);
-* ``predict``: ``examples`` -> ``logits``, ``probabilities``, ``class_ids`` (predict method).
+* ``predict``: ``examples`` -> ``logits``, ``probabilities``, ``class_ids`` (predict method);
+* ``ranking``: ``examples`` -> ``probability`` (``[batch, 1]``, predict method): a ranking
+  model's own signature, which Regress and Classify also take (see ``server/tfs_inference.py``).
 
 Features: a ranking request's context (``user_age`` float, ``user_group`` int64) and per-item
 ones (``item_price`` float, ``item_id`` int64), all with defaults, so a merged example and a
@@ -55,6 +57,7 @@ def export(base: Path, version: int = 1) -> Path:
             "predict": sig({"examples": info(serialized)},
                            {"logits": info(logits), "probabilities": info(probabilities),
                             "class_ids": info(class_ids)}, "tensorflow/serving/predict"),
+            "ranking": sig({"examples": info(serialized)}, {"probability": info(p1)}, "tensorflow/serving/predict"),
         })
         builder.save()
     return export_dir
