@@ -67,6 +67,7 @@ class DataPlane:
         # Only tracers with traces left; emptied as they finish, so the hot path stays one check.
         self._tracers = {m.name: m.tracer for m in models if m.tracer is not None and not m.tracer.done}
         self._loggers = {m.name: m.prediction_log for m in models if m.prediction_log is not None}
+        self._inlined: dict[str, bool] = {}  # model -> whether its last try_inline ran in place
 
     @property
     def model_names(self) -> list[str]:
@@ -123,7 +124,16 @@ class DataPlane:
         version = call.version
         if call.label is not None:
             version = requested_version(model, version, call.label, self._labels[model])
-        return self._call(manager, call, version, None, inline=True)
+        result = self._call(manager, call, version, None, inline=True)
+        if self._inlined.get(model) is not (result is not None):
+            self._inlined[model] = result is not None
+        return result
+
+    def inline_hint(self, model: str) -> bool:
+        """Whether the last :meth:`try_inline` of ``model`` ran in place: a hint for an edge
+        that must decide before the request's body arrives (the HTTP connection's own fast
+        path); :meth:`try_inline` still decides."""
+        return self._inlined.get(model, False)
 
     def _logged(self, logger: PredictionLogger, pending: Pending, manager, call: PredictCall,
                 version: int | None, rec: TraceRecorder | None) -> PredictResult:

@@ -179,7 +179,8 @@ class ServingApp:
             app, log_config=None, access_log=False, lifespan="off",
             timeout_keep_alive=dep.keep_alive_timeout_seconds,
             timeout_graceful_shutdown=max(1, int(dep.drain_timeout_seconds)),
-            server_header=False, http=limited_protocol(dep), ws="none", proxy_headers=False)
+            server_header=False, http=limited_protocol(dep, None if probes else self._asgi.predict),
+            ws="none", proxy_headers=False)
         if tls:  # our context (it follows certificate reloads), set where uvicorn keeps its own
             from .tls import HttpsContext
 

@@ -46,6 +46,10 @@ class Reply:
     headers: tuple[tuple[bytes, bytes], ...] = ()  # more response headers (Retry-After)
 
 
+def _eas_reply(result) -> Reply:
+    return Reply(200, result.outputs, JSON if result.introspection else PROTOBUF)
+
+
 def header(headers: list, name: bytes) -> str | None:
     """The first value of header ``name`` (lower case) among ASGI ``headers``."""
     for key, value in headers:
@@ -132,8 +136,36 @@ class PredictRoutes:
             result = rt.dataplane.try_inline(call, self.inline_bytes) if self.inline_bytes else None
             if result is None:
                 result = await rt.run(model, rt.dataplane.predict, call)
-            return Reply(200, result.outputs, JSON if result.introspection else PROTOBUF)
+            return _eas_reply(result)
         return await tracked(self.rt, model, "predict", work, error_reply)
+
+    def eas_admit(self, url: bytes, headers: list) -> str | None:
+        """The model of a POST to ``url`` that the HTTP connection may answer itself, before any
+        task or ASGI message (:meth:`eas_now`): our wire format, a ``Content-Length`` of at most
+        ``inline_max_request_bytes``, a model whose last request ran in place
+        (``DataPlane.inline_hint``). None: the request takes the ASGI path."""
+        if not url.startswith(b"/api/predict/") or not self.inline_bytes:
+            return None
+        model = url[13:].split(b"?", 1)[0]
+        if not model or b"/" in model or b"%" in model:
+            return None
+        length = header(headers, b"content-length")
+        if length is None or not length.isdigit() or int(length) > self.inline_bytes:
+            return None
+        name = model.decode("latin-1")
+        return name if self.rt.dataplane.inline_hint(name) else None
+
+    def eas_now(self, model: str, body: bytes, headers: list) -> Reply:
+        """:meth:`eas` of a request :meth:`eas_admit` took, whole body in hand, on the event loop
+        (the engine runs it in place; should the served version no longer run in place, this
+        one request runs here anyway). Never raises."""
+        rt = self.rt
+        try:
+            with rt.track(model, "http", "predict"):
+                call = PredictCall(model, body, deadline=from_http_headers(headers))
+                return _eas_reply(rt.dataplane.try_inline(call, self.inline_bytes) or rt.dataplane.predict(call))
+        except Exception as exc:
+            return error_reply(exc)
 
     async def tfs(self, path: str, receive: Receive, headers: list) -> Reply:
         m = PREDICT_PATH.match(path)

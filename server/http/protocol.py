@@ -29,7 +29,10 @@ import logging
 from typing import Any
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
+
+from ..logs import new_request_id, request_id_var
+from .predict import header
 
 from ..tls import client_identity
 
@@ -46,9 +49,12 @@ class _Refused(Exception):
     """Raised inside a parser callback to stop parsing once a refusal was sent."""
 
 
-def limited_protocol(deployment: Any) -> type[HttpToolsProtocol]:
-    """The protocol class for ``deployment`` (a :class:`~processor.deployment.DeploymentConfig`)."""
+def limited_protocol(deployment: Any, inline: Any = None) -> type[HttpToolsProtocol]:
+    """The protocol class for ``deployment`` (a :class:`~processor.deployment.DeploymentConfig`);
+    ``inline``: the predict routes (:class:`~server.http.predict.PredictRoutes`) whose small
+    requests the connection answers itself (see :class:`LimitedHttpProtocol`)."""
     attrs = {
+        "inline": inline,
         "max_header_bytes": deployment.max_header_bytes,
         "max_header_count": deployment.max_header_count,
         "header_timeout": deployment.header_read_timeout_seconds,
@@ -130,8 +136,26 @@ class CoalescingCycle(RequestResponseCycle):
                 held.flush()
 
 
+class _Exchange:
+    """A request the connection answers itself: its model, headers and body so far."""
+
+    __slots__ = ("model", "headers", "body")
+
+    def __init__(self, model: str, headers: list) -> None:
+        self.model, self.headers, self.body = model, headers, bytearray()
+
+
 class LimitedHttpProtocol(HttpToolsProtocol):
-    """See the module doc; the limits are class attributes set by :func:`limited_protocol`."""
+    """See the module doc; the limits are class attributes set by :func:`limited_protocol`.
+
+    The lean path: a small request to our wire format (``POST /api/predict/{model}`` of at most
+    ``inline_max_request_bytes``) whose model runs in place on the native engine is answered by
+    the connection itself when its body is complete, without an asyncio task, ASGI messages or
+    uvicorn's response cycle (they cost more than such a request's engine run): the same
+    handler as the ASGI route (:meth:`~server.http.predict.PredictRoutes.eas_now`: request id,
+    deadline, drain gate, metrics, access log, the one error mapping), one write for the whole
+    response. Only when the connection has no response in progress, so answers stay in order.
+    """
 
     max_header_bytes = 16 * 1024
     max_header_count = 100
@@ -139,9 +163,11 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     body_timeout = 60.0
     idle_timeout = 30.0
     max_connections = 1000
+    inline = None  # PredictRoutes, or None: every request takes the ASGI path
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._exchange: _Exchange | None = None
         self.timeout_keep_alive = self.idle_timeout
         self._read_timer = None  # fires at (or before) the read deadline of the request being read
         self._deadline = 0.0  # loop time by which its headers, then its body, must have arrived
@@ -234,13 +260,63 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._deadline = self.loop.time() + self.body_timeout
         if self.body_timeout < self.header_timeout:  # else the header timer fires first, then moves on
             self._arm(self.body_timeout)
+        if self.inline is not None and not self._refused and self._take_inline():
+            return
         super().on_headers_complete()
         if self.cycle is not None and self.cycle.__class__ is RequestResponseCycle:
             self.cycle.__class__ = CoalescingCycle  # before its task first runs (it is only scheduled)
 
+    def on_body(self, body: bytes) -> None:
+        if self._exchange is not None:
+            self._exchange.body += body
+            return
+        super().on_body(body)
+
     def on_message_complete(self) -> None:
         self._cancel_read_timer()
+        exchange = self._exchange
+        if exchange is not None:
+            self._exchange = None
+            self._answer(exchange)
+            return
         super().on_message_complete()
+
+    # --- the lean path (see the class doc) ---------------------------------------------------
+
+    def _take_inline(self) -> bool:
+        """Whether this request is one the connection answers itself (then it is remembered)."""
+        if (self.expect_100_continue or self.pipeline or self.parser.get_method() != b"POST"
+                or (self.cycle is not None and not self.cycle.response_complete)
+                or self.parser.should_upgrade()):
+            return False
+        model = self.inline.eas_admit(self.url, self.headers)
+        if model is None:
+            return False
+        self._exchange = _Exchange(model, self.headers)
+        return True
+
+    def _answer(self, exchange: _Exchange) -> None:
+        rid = new_request_id(header(exchange.headers, b"x-request-id"))
+        token = request_id_var.set(rid)
+        try:
+            reply = self.inline.eas_now(exchange.model, bytes(exchange.body), exchange.headers)
+        finally:
+            request_id_var.reset(token)
+        keep_alive = self.parser.should_keep_alive() and self.parser.get_http_version() != "1.0"
+        out = [STATUS_LINE[reply.status]]
+        out += [b"%s: %s\r\n" % kv for kv in self.server_state.default_headers]
+        out.append(b"content-type: %s\r\ncontent-length: %d\r\nx-request-id: %s\r\n"
+                   % (reply.content_type.encode(), len(reply.body), rid.encode()))
+        out += [b"%s: %s\r\n" % kv for kv in reply.headers]
+        out.append(b"\r\n" if keep_alive else b"connection: close\r\n\r\n")
+        out.append(reply.body)
+        if not self.transport.is_closing():
+            self.transport.write(b"".join(out))
+        if keep_alive:
+            self.on_response_complete()
+        else:
+            self.server_state.total_requests += 1
+            self.transport.close()
 
     # --- limits ------------------------------------------------------------------------------
 
@@ -278,6 +354,11 @@ class LimitedHttpProtocol(HttpToolsProtocol):
                               f"(header_read_timeout_seconds)", raise_=False)
 
     def _body_timed_out(self) -> None:
+        if self._exchange is not None:  # the lean path's body: nothing was started for it
+            self._exchange = None
+            self._refuse(408, f"request body not received within {self.body_timeout:g} s "
+                              f"(body_read_timeout_seconds)", raise_=False)
+            return
         cycle = self.cycle
         if cycle is None or not cycle.more_body or self._refused:
             return
