@@ -64,6 +64,30 @@ def test_every_signature_by_name_on_one_version(make_processor, half_plus_two):
     np.testing.assert_allclose(codec.decode_response(answer.outputs)["y"], [[3.0], [4.0]])
 
 
+def test_another_signature_of_a_batching_model(make_processor, half_plus_two):
+    """Arrays and our wire format naming another signature go through the reference batcher."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    processor = make_processor({"savedmodel_dir": str(half_plus_two), "signature_name": "regress_x_to_y",
+                                "batching": {"max_batch_size": 8, "batch_timeout_micros": 1000}})
+    dp = processor.dataplane
+
+    def regress(i: int):
+        return dp.predict(PredictCall(processor.name, {"inputs": serialized(float(i))},
+                                      signature_name="regress_x_to_y2")).outputs["outputs"]
+
+    def wire(i: int):
+        data = codec.encode_request({"x": np.array([[float(i)]], np.float32)})
+        return codec.decode_response(dp.predict(PredictCall(processor.name, data,
+                                                            signature_name="serving_default")).outputs)["y"]
+
+    with ThreadPoolExecutor(4) as pool:
+        for i, got in enumerate(pool.map(regress, range(16))):
+            np.testing.assert_allclose(got, [[0.5 * i + 3.0]])
+        for i, got in enumerate(pool.map(wire, range(16))):
+            np.testing.assert_allclose(got, [[0.5 * i + 2.0]])
+
+
 def test_shapes_left_to_the_graph_only_where_asked(make_processor, half_plus_two):
     processor = make_processor({"savedmodel_dir": str(half_plus_two)})
     flat = {"x": np.array([2.0, 3.0, 4.0], np.float32)}  # rank 1 against [-1, 1]
