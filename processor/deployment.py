@@ -92,6 +92,9 @@ class DeploymentConfig(BaseModel):
     # SIGTERM: refuse new requests, wait this long for in-flight ones, then exit
     drain_timeout_seconds: float = Field(30.0, ge=0, le=3600)
     grpc_max_workers: int | None = Field(None, ge=1, le=1024)
+    # server processes on the same ports (SO_REUSEPORT), watched by one supervisor (issue 24,
+    # server/supervisor.py); 1: today's single process
+    workers: int = Field(1, ge=1, le=256)
     # one access-log line per successful request (failed ones are always logged), written off the
     # request's thread; access_log_sample_rate: the share of successful requests logged
     access_log: bool = True

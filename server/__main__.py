@@ -39,7 +39,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", help="overrides host, the address both servers bind (default 127.0.0.1: "
                         "this machine only; 0.0.0.0 for every interface)")
     parser.add_argument("--ports-file", help="write the bound ports as JSON {\"http\", \"grpc\", \"pid\"}")
+    parser.add_argument("--workers", type=int, help="overrides workers: server processes on the same ports "
+                        "(default 1: this process serves)")
     parser.add_argument("--check", action="store_true", help="validate the config and exit")
+    # a worker of a supervisor (server/supervisor.py passes these)
+    parser.add_argument("--worker-of", help=argparse.SUPPRESS)
+    parser.add_argument("--shm-dir", help=argparse.SUPPRESS)
     return parser
 
 
@@ -55,7 +60,7 @@ def _demo_deployment() -> dict:
 
 
 def load_deployment(args: argparse.Namespace):
-    """The validated deployment: the file (or the demo), with the command line's overrides."""
+    """(the validated deployment, the JSON it was validated from, overrides applied)."""
     from processor.config import read_json_file
     from processor.deployment import DeploymentConfig
 
@@ -65,10 +70,10 @@ def load_deployment(args: argparse.Namespace):
         data = _demo_deployment()
     if isinstance(data, dict):
         for key, value in (("http_port", args.http_port), ("grpc_port", args.grpc_port),
-                           ("host", args.host)):
+                           ("host", args.host), ("workers", args.workers)):
             if value is not None:
                 data[key] = value
-    return DeploymentConfig.from_dict(data)
+    return DeploymentConfig.from_dict(data), data
 
 
 def example_request(app: ServingApp, name: str) -> str | None:
@@ -97,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
-        deployment = load_deployment(args)
+        deployment, data = load_deployment(args)
         if args.check:
             if deployment.tls_enabled:  # the files too: unreadable, key mismatch, expired
                 from .tls import load_material
@@ -116,8 +121,15 @@ def main(argv: list[str] | None = None) -> int:
                         "(admin_allow_without_token)", deployment.host)
         else:
             log.info("admin endpoints disabled: no admin token configured (admin_token_env)")
+    if deployment.workers > 1 and not args.worker_of:
+        return _supervise(deployment, data, args.ports_file)
+    if args.worker_of:  # the parameters of ONNX models go to the server's shared memory
+        from processor import shared_segments
+
+        shared_segments.enable(args.worker_of, args.shm_dir)
     try:
-        app = ServingApp(deployment, ports_file=args.ports_file)
+        app = ServingApp(deployment, ports_file=args.ports_file, worker=bool(args.worker_of),
+                         announce=log.debug if args.worker_of else None)  # the supervisor announces
     except ConfigError as exc:
         print(f"serving-processor: bad config: {exc.message}", file=sys.stderr)
         return 2
@@ -128,8 +140,20 @@ def main(argv: list[str] | None = None) -> int:
             if curl:
                 app.announce(f"[server] model {name!r} ready; try:\n  {curl}")
         app.runtime.on_model_ready.append(announce_demo)
+    return _run_and_exit(app.run)
+
+
+def _supervise(deployment, data: dict, ports_file: str | None) -> int:
+    """workers > 1: this process supervises the workers (server/supervisor.py)."""
+    from .supervisor import Supervisor
+
+    return _run_and_exit(Supervisor(deployment, data, ports_file).run)
+
+
+def _run_and_exit(run) -> int:
+    """Run the server (``run()``: its exit status) and end the process with that status."""
     try:
-        code = app.run()
+        code = run()
     except OSError as exc:  # a port in use: exit without waiting for the threads already started
         log.error("cannot start: %s", exc)
         code = 2

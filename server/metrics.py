@@ -19,6 +19,7 @@ write and upload errors, records queued.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -201,7 +202,9 @@ class ServerMetrics:
         self.latency = Histogram("sp_request_latency_seconds", "request latency in the server",
                                  ["model", "version", "protocol", "api"], buckets=_LATENCY_BUCKETS,
                                  registry=r)
-        self.in_flight = Gauge("sp_requests_in_flight", "requests being served", ["protocol"], registry=r)
+        # with workers (PROMETHEUS_MULTIPROC_DIR): the sum over the live workers
+        self.in_flight = Gauge("sp_requests_in_flight", "requests being served", ["protocol"], registry=r,
+                               multiprocess_mode="livesum")
         self._bound: dict[tuple[str, ...], RequestMetrics] = {}
         self._in_flight: dict[str, Any] = {}
         self.update_seconds = Histogram("sp_model_update_duration_seconds",
@@ -209,11 +212,23 @@ class ServerMetrics:
                                         ["model", "kind"], buckets=_UPDATE_BUCKETS, registry=r)
         self.update_failures = Counter("sp_model_update_failures", "model loads that failed",
                                        ["model", "kind"], registry=r)
-        r.register(_ModelStateCollector(models))
-        r.register(_FeatureStoreCollector(models))
-        r.register(_PredictionLogCollector(models))
+        # workers > 1 (server/supervisor.py sets PROMETHEUS_MULTIPROC_DIR before a worker starts;
+        # prometheus_client reads it at import): the metrics above are written to files there and
+        # a scrape reads every worker's (MultiProcessCollector); the collectors below read this
+        # worker's live objects, so the worker that answers the scrape reports them.
+        multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if multiprocess_dir:
+            from prometheus_client.multiprocess import MultiProcessCollector
+
+            self._scrape = CollectorRegistry(auto_describe=True)
+            MultiProcessCollector(self._scrape, path=multiprocess_dir)
+        else:
+            self._scrape = r
+        self._scrape.register(_ModelStateCollector(models))
+        self._scrape.register(_FeatureStoreCollector(models))
+        self._scrape.register(_PredictionLogCollector(models))
         if batching is not None:
-            r.register(_BatchingCollector(batching))
+            self._scrape.register(_BatchingCollector(batching))
 
     def request(self, model: str, version: str, protocol: str, api: str, code: str) -> RequestMetrics:
         """What one request's outcome updates, bound once per label set: the client library's
@@ -241,4 +256,4 @@ class ServerMetrics:
             self.update_failures.labels(model, kind).inc()
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self._scrape)

@@ -198,7 +198,8 @@ def grpc_options(dep) -> list[tuple[str, int]]:
     return [
         ("grpc.max_receive_message_length", dep.max_request_bytes),
         ("grpc.max_send_message_length", -1),
-        ("grpc.so_reuseport", 0),
+        # off: a port in use is an error; on for a supervisor's workers, which share the port
+        ("grpc.so_reuseport", 1 if dep.workers > 1 else 0),
         # soft and hard limit alike: metadata over it is refused, never "sometimes"
         ("grpc.max_metadata_size", dep.max_header_bytes),
         ("grpc.absolute_max_metadata_size", dep.max_header_bytes),

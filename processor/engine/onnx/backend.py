@@ -72,12 +72,14 @@ import numpy as np
 from ...checkpoint.delta import CheckpointError, Delta, VariableInfo, read_delta
 from ...config import ModelConfig
 from ...errors import ConfigError, Internal, InvalidArgument, ProcessorError
+from ... import shared_segments
 from ...store.model_version import ModelVersion
 from .. import device_plan, pinning
 from ..string_hash import fingerprint
 from . import native_engine, placement, profile
 from .convert import prepare
 from .param_buffers import Parameters
+from .weights import map_parameters
 from .ort_env import ensure_global_thread_pools, global_pools_in_force, ort as _ort
 
 log = logging.getLogger(__name__)
@@ -140,7 +142,12 @@ class OnnxRuntimeBackend:
         self._placement = placement.plan_placement(config.enable_device_placement_optimization,
                                                    self._prepared.model_path, plan.on_gpu)
         self._split = self._placement.split
-        params = self._prepared.load_parameters()
+        # workers > 1: the parameters live in one shared-memory segment for every worker
+        self._segment = None
+        if shared_segments.active() is not None:
+            params, self._segment = map_parameters(self._prepared.directory, self._prepared.manifest["parameters"])
+        else:
+            params = self._prepared.load_parameters()
         self._parts = [self._placement.parts(self._prepared.model_path, self._session_target(index)[0],
                                              frozenset(params)) for index in range(plan.sessions)]
         needs: dict[int | None, set[str]] = {}
@@ -462,6 +469,8 @@ class OnnxRuntimeBackend:
             "weights": (f"one copy of {len(self._parameters.names())} parameters per place, in buffers the "
                         f"processor owns, shared by all sessions there (add_initializer over DLPack, no copy)"),
             "parameter_buffers": self._parameters.describe(),
+            "shared_memory": (self._segment.describe() if self._segment is not None else
+                              "none: one server process (workers 1), or nothing to share"),
             "device_placement": {**self._placement.report, "tables": self._table_places()},
             "threads": ({"mode": "per-session pools", "intra_op_num_threads": config.intra_op_parallelism_threads,
                          "inter_op_num_threads": config.inter_op_parallelism_threads} if per_session else
@@ -490,6 +499,9 @@ class OnnxRuntimeBackend:
         parameters, self._parameters = getattr(self, "_parameters", None), None
         if parameters is not None:
             parameters.release()
+        segment, self._segment = getattr(self, "_segment", None), None
+        if segment is not None:  # the mapping lives on while a bare_call holds a session
+            segment.release()
 
     def _table_places(self) -> dict[str, list[str]] | str:
         """Where each embedding table lives: the places of a split graph's tables, else one line."""

@@ -65,3 +65,31 @@ def read_parameters(directory: Path, table: dict[str, Any]) -> dict[str, np.ndar
                 raise Internal(f"ONNX cache entry {directory} is truncated at {name!r}")
             out[name] = array
     return out
+
+
+def map_parameters(directory: Path, table: dict[str, Any]):
+    """The parameters of ``table`` as arrays over a shared-memory segment (workers > 1).
+
+    The first worker copies ``directory/weights.bin`` into the segment named after the cache
+    entry; the others map it (:class:`processor.shared_segments.Segment`): one copy in memory
+    for every worker. Returns ``(arrays, segment)``; the caller releases the segment once its
+    sessions are gone. The arrays are writable (private pages for what a delta writes).
+    """
+    import shutil
+
+    from ...shared_segments import Segment
+
+    source = directory / "weights.bin"
+    size = source.stat().st_size
+    if not size:  # nothing to share (a graph whose constants all stay inside it)
+        return read_parameters(directory, table), None
+    segment = Segment.open(f"{directory.name}.weights", size, lambda path: shutil.copyfile(source, path))
+    out: dict[str, np.ndarray] = {}
+    for name, p in table.items():
+        dtype = np.dtype(p["dtype"])
+        count = int(np.prod(p["shape"], dtype=np.int64))
+        if p["offset"] + count * dtype.itemsize > size:
+            segment.release()
+            raise Internal(f"ONNX cache entry {directory} is truncated at {name!r}")
+        out[name] = np.frombuffer(segment.buffer, dtype, count, p["offset"]).reshape(p["shape"])
+    return out, segment

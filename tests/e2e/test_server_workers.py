@@ -1,0 +1,165 @@
+"""workers: N (issue 24): a supervisor and N server processes on the same ports, real processes
+and loopback ports, the DLRM-like ``.onnx`` model on ONNX Runtime.
+
+Two workers serve one port each of HTTP and gRPC and share one copy of the parameters in
+``/dev/shm``; ``/metrics`` counts the requests of both; a worker killed with SIGKILL is restarted
+while the other keeps answering; nothing is left in ``/dev/shm`` after a stop, and the files of a
+server whose supervisor was killed are removed by the next server's start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from demo import dlrm_onnx
+from processor import codec, shared_segments
+from sp_checks import assert_outputs_close, wait_for
+
+SHM = shared_segments.default_directory()
+
+
+@pytest.fixture(scope="module")
+def dlrm_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("dlrm_workers")
+    dlrm_onnx.build(directory / "model.onnx", rows=2000, dim=8)
+    return directory
+
+
+def deployment(dlrm_dir: Path, workers: int = 2) -> dict:
+    config = {"savedmodel_dir": str(dlrm_dir), "backend": "onnxruntime", "session_num": 1,
+              "file_system_poll_wait_seconds": 0}
+    return {"models": [{"name": "dlrm", "model_config": config}], "workers": workers,
+            "access_log": False, "drain_timeout_seconds": 10}
+
+
+def predict(server, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    request = urllib.request.Request(server.http + "/api/predict/dlrm", data=codec.encode_request(inputs))
+    with urllib.request.urlopen(request, timeout=30) as resp:  # a new connection each call
+        return codec.decode_response(resp.read())
+
+
+def server_files(pid: int) -> list[str]:
+    return sorted(p.name for p in SHM.glob(f"{shared_segments.PREFIX}{pid}[-.]*"))
+
+
+def shared_memory_info(server) -> dict:
+    info = server.get_json("/api/models/dlrm")
+    found: list = []
+
+    def walk(node) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("shared_memory"), dict):
+                found.append(node["shared_memory"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(info)
+    assert found, f"no shared_memory in model info: {json.dumps(info)[:400]}"
+    return found[0]
+
+
+def requests_counted(server) -> float:
+    with urllib.request.urlopen(server.http + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    lines = [line for line in text.splitlines() if line.startswith("sp_requests_total{")
+             and 'model="dlrm"' in line and 'api="model_info"' not in line]
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+
+
+def gone(pid: int) -> bool:
+    """``pid`` has exited and was reaped (the supervisor reaps its workers): every thread is gone,
+    so its sockets are closed. (A zombie leader is not enough: its other threads may still be
+    exiting with the listening socket open, and a connection the kernel gives it is reset.)"""
+    return not Path(f"/proc/{pid}").exists()
+
+
+@pytest.mark.timeout(300)
+def test_two_workers_share_the_weights_and_metrics(dlrm_dir, tmp_path):
+    from server.launcher import ServerProcess
+
+    inputs = dlrm_onnx.inputs(4)
+    with ServerProcess(deployment(dlrm_dir), tmp_path) as server:
+        pids = server.ports["workers"]
+        assert len(pids) == 2 and server.ports["pid"] == server.proc.pid
+        # one segment for the model's parameters, mapped by both workers (each created it or not)
+        seen: dict[bool, dict] = {}
+        for _ in range(200):
+            shm = shared_memory_info(server)
+            seen[shm["created_here"]] = shm
+            if len(seen) == 2:
+                break
+        assert set(seen) == {True, False}, "model info never came from both workers"
+        assert seen[True]["path"] == seen[False]["path"]
+        assert Path(seen[True]["path"]).exists()
+        assert [n for n in server_files(server.proc.pid) if n.endswith(".weights")] == [Path(seen[True]["path"]).name]
+
+        first = predict(server, inputs)
+        for _ in range(39):
+            assert_outputs_close(predict(server, inputs), first)
+        # gRPC on the shared port too (TF Serving's health: both workers answer SERVING)
+        import grpc
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        for _ in range(6):
+            with grpc.insecure_channel(server.grpc_target) as channel:
+                reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+                assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        # /metrics is the whole server's, whichever worker answers the scrape
+        for _ in range(6):
+            assert requests_counted(server) == 40
+        code = server.stop()
+    assert code == 0, server.log()[-3000:]
+    assert server_files(server.proc.pid) == []
+    assert all(gone(pid) for pid in pids)
+
+
+@pytest.mark.timeout(300)
+def test_sigkill_of_a_worker_restarts_it_and_the_server_keeps_answering(dlrm_dir, tmp_path):
+    from server.launcher import ServerProcess
+
+    inputs = dlrm_onnx.inputs(2)
+    with ServerProcess(deployment(dlrm_dir), tmp_path) as server:
+        expected = predict(server, inputs)
+        victim, survivor = server.ports["workers"]
+        os.kill(victim, signal.SIGKILL)
+        assert wait_for(lambda: gone(victim), 30), "the worker did not die"
+        for _ in range(20):  # the other worker answers meanwhile
+            assert_outputs_close(predict(server, inputs), expected)
+        ports_file = tmp_path / "ports.json"
+        assert wait_for(lambda: victim not in json.loads(ports_file.read_text())["workers"], 120), \
+            "the restarted worker never listened"
+        workers = json.loads(ports_file.read_text())["workers"]
+        assert survivor in workers and len(workers) == 2
+        for _ in range(20):
+            assert_outputs_close(predict(server, inputs), expected)
+        assert re.search(rf"worker 0 \(pid {victim}\) died \(signal SIGKILL\)", server.log())
+        # the restarted worker mapped the segment the others made (still one copy)
+        assert len([n for n in server_files(server.proc.pid) if n.endswith(".weights")]) == 1
+        assert server.stop() == 0
+    assert server_files(server.proc.pid) == []
+
+
+@pytest.mark.timeout(300)
+def test_files_of_a_killed_server_are_removed_at_the_next_start(dlrm_dir, tmp_path):
+    from server.launcher import ServerProcess
+
+    dead = ServerProcess(deployment(dlrm_dir), tmp_path / "dead").start()
+    workers = dead.ports["workers"]
+    dead.kill()  # SIGKILL of the supervisor: the workers get SIGTERM (parent-death signal)
+    for pid in workers:
+        assert wait_for(lambda pid=pid: gone(pid), 60), f"worker {pid} did not exit"
+    assert server_files(dead.proc.pid), "the killed supervisor left nothing behind to clean"
+    with ServerProcess(deployment(dlrm_dir), tmp_path / "next"):
+        assert server_files(dead.proc.pid) == []
