@@ -73,8 +73,11 @@ class _Handlers:
         self.rt = rt
 
     def _call(self, api: str, model: str, context: grpc.ServicerContext,
-              work: Callable[[], Any]) -> Any:
-        rid = new_request_id(_metadata(context, ("x-request-id",)))
+              work: Callable[[], Any], request_id: str | None = None) -> Any:
+        """``work()`` as one ``api`` request to ``model``: its request id (``request_id``, else the
+        ``x-request-id`` metadata, else a new one) echoed in the trailing metadata, tracked
+        (``rt.track``), any error aborting the call through the one mapping."""
+        rid = new_request_id(request_id or _metadata(context, ("x-request-id",)))
         token = request_id_var.set(rid)
         context.set_trailing_metadata((("x-request-id", rid),))
         try:
@@ -89,7 +92,12 @@ class _Handlers:
     # --- ours ------------------------------------------------------------------------------
 
     def eas_predict(self, data: bytes, context: grpc.ServicerContext) -> bytes:
-        model = _metadata(context, MODEL_NAME_KEYS) or ""
+        model, rid = "", None  # one pass over the metadata for both
+        for key, value in context.invocation_metadata() or ():
+            if key in MODEL_NAME_KEYS and not model:
+                model = value if isinstance(value, str) else value.decode("latin-1")
+            elif key == "x-request-id" and rid is None:
+                rid = value if isinstance(value, str) else value.decode("latin-1")
         names = self.rt.dataplane.model_names
         if not model and len(names) == 1:
             model = names[0]
@@ -103,18 +111,14 @@ class _Handlers:
                 context.set_trailing_metadata((("x-request-id", request_id_var.get()),
                                                ("x-response-format", "signature-json")))
             return result.outputs
-        return self._call("predict", model, context, work)
-
-
-def _identity(data: bytes) -> bytes:
-    return data
+        return self._call("predict", model, context, work, rid)
 
 
 def _generic_handlers(rt: ServingRuntime) -> list[grpc.GenericRpcHandler]:
     h = _Handlers(rt)
     handlers = [grpc.method_handlers_generic_handler(PROCESSOR_SERVICE, {
-        "Predict": grpc.unary_unary_rpc_method_handler(
-            h.eas_predict, request_deserializer=_identity, response_serializer=_identity),
+        # no (de)serializer: grpcio hands the bytes over as they are, with no Python call
+        "Predict": grpc.unary_unary_rpc_method_handler(h.eas_predict),
     })]
     handlers.append(v2.generic_handler(h))  # the Open Inference Protocol (KServe v2)
     handlers.extend(tfs.generic_handlers(h))  # TF Serving's PredictionService and ModelService
