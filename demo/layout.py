@@ -26,7 +26,6 @@ SAVEDMODEL_DIRNAME = "savedmodel"
 CHECKPOINTS_DIRNAME = "checkpoints"
 RUN_DIRNAME = "run_1"
 CHECKPOINT_BASENAME = "model.ckpt"
-CHECKPOINT_STATE_NAME = "checkpoint"
 MODEL_CARD_NAME = "model_card.json"
 # Values of the model card's "model" key.
 CTR_MODEL_NAME = "ctr_wide_deep"

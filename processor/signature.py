@@ -6,7 +6,6 @@ read it. Instances are immutable and safe to share between threads.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 from .echo import shorten
@@ -72,6 +71,3 @@ class Signature:
             "inputs": [s.describe() for s in self.inputs.values()],
             "outputs": [s.describe() for s in self.outputs.values()],
         }
-
-    def describe_json(self) -> bytes:
-        return json.dumps(self.describe()).encode()

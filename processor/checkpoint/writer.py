@@ -44,7 +44,6 @@ from .tensor_file import write_tensors
 FULL_BASENAME = "model.ckpt"
 DELTA_DIR = ".incremental_checkpoint"
 DELTA_BASENAME = "incremental_model.ckpt"
-EV_SUFFIXES = ("-keys", "-values", "-freqs", "-versions")
 
 
 def variable_name(variable) -> str:

@@ -126,12 +126,6 @@ class CheckpointTables:
                 yield RowChunk(keys[sl], values[sl], None if freqs is None else freqs[sl],
                                None if versions is None else versions[sl])
 
-    def filtered_keys(self, layout: TableLayout) -> np.ndarray:
-        """Ids admitted-filtered in training (served the default vector)."""
-        out = [np.asarray(self.tensor(p + "-keys_filtered"), np.int64).reshape(-1)
-               for p in layout.parts if p + "-keys_filtered" in self.shapes]
-        return np.concatenate(out) if out else np.empty(0, np.int64)
-
     def _optional(self, part: str, suffixes: tuple[str, ...], n: int) -> np.ndarray | None:
         for suffix in suffixes:
             if part + suffix in self.shapes:

@@ -245,13 +245,6 @@ class RedisNodes:
                 pool.release(conn)
         return results
 
-    def on_slot(self, slot: int, *args, write: bool = True) -> Any:
-        """One command on the node of ``slot``; raises its error reply."""
-        result = self.execute([(slot, args)], write=write)[0]
-        if isinstance(result, Exception):
-            raise result
-        return result
-
     def ping_all(self) -> None:
         """PING every node (after a refresh for a cluster); raises StoreDown."""
         self.refresh()

@@ -21,7 +21,6 @@ class ServableHandle:
         self._lock = threading.Lock()
         self._refs = 0
         self._retired = False
-        self._drained = threading.Event()
 
     def acquire(self) -> bool:
         """Take a reference; False if the handle is already retired."""
@@ -48,16 +47,5 @@ class ServableHandle:
         if close:
             self._close()
 
-    def wait_drained(self, timeout: float | None = None) -> bool:
-        """After :meth:`retire`, wait until the group is closed."""
-        return self._drained.wait(timeout)
-
-    @property
-    def in_flight(self) -> int:
-        return self._refs
-
     def _close(self) -> None:
-        try:
-            self.group.close()
-        finally:
-            self._drained.set()
+        self.group.close()

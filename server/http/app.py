@@ -415,7 +415,6 @@ class RequestContext:
 
     def __init__(self, app: FastAPI, predict: PredictRoutes) -> None:
         self.app = app
-        self.fastapi = app
         self.predict = predict
 
     async def __call__(self, scope, receive, send) -> None:

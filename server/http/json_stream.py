@@ -136,9 +136,6 @@ class Document:
             raise InvalidArgument("JSON Parse error: The document is empty")
         return Span(lo, hi)
 
-    def opener(self, span: Span) -> int:
-        return int(self.buf[span.lo])
-
     def is_array(self, span: Span) -> bool:
         return self.buf[span.lo] == 0x5B
 

@@ -165,7 +165,8 @@ def test_float16_tables_halve_the_bytes_and_serve_within_tolerance(store, ctr_mo
             keys_, slots = tables.keys, tables.slots
             field = tables.store.layout.fields(np.array([tables.tids["embeddings/C1"]]), np.array([0]))[0]
             value = next(v for k, s in zip(keys_, slots)
-                         if (v := tables.store.nodes.on_slot(int(s), "HGET", k, field)) is not None)
+                         if (v := tables.store.nodes.execute([(int(s), ("HGET", k, field))], write=True)[0])
+                         is not None)
             assert len(value) == dim * 2 and tables.version.endswith(".f16")
     finally:
         if server is not None:

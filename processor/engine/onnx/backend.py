@@ -386,10 +386,6 @@ class OnnxRuntimeBackend:
         return {var: VariableInfo(self._variable_shapes[n], self._parameters.dtype(n))
                 for var, n in self._by_variable.items()}
 
-    def parameter_names(self) -> list[str]:
-        """Every parameter's initializer name (TF variable names are accepted too)."""
-        return self._parameters.names()
-
     def read_parameter(self, name: str) -> np.ndarray:
         """A host copy of parameter ``name``'s current value (TF variable or initializer name)."""
         return self._parameters.read(self._by_variable.get(name, name))
