@@ -61,7 +61,8 @@ def active() -> tuple[str, Path] | None:
 
 
 @contextlib.contextmanager
-def _flock(path: Path, how: int) -> Iterator[int]:
+def flocked(path: str | os.PathLike, how: int) -> Iterator[int]:
+    """``path`` opened (created if missing) and ``flock``-ed with ``how``; yields the descriptor."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, how)
@@ -165,7 +166,7 @@ class Segment:
             raise RuntimeError("shared segments are off in this process (not a worker)")
         server_id, directory = _active
         path = directory / f"{PREFIX}{server_id}-{name}"
-        with _flock(directory / f"{PREFIX}{server_id}.create", fcntl.LOCK_EX):
+        with flocked(directory / f"{PREFIX}{server_id}.create", fcntl.LOCK_EX):
             created = not path.exists()
             if created:
                 tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
@@ -195,7 +196,7 @@ class Segment:
         server_id, directory = _active or (None, self.path.parent)
         try:
             lock = directory / f"{PREFIX}{server_id}.create"
-            with _flock(lock, fcntl.LOCK_EX):
+            with flocked(lock, fcntl.LOCK_EX):
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:  # another worker still maps it

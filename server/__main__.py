@@ -45,6 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     # a worker of a supervisor (server/supervisor.py passes these)
     parser.add_argument("--worker-of", help=argparse.SUPPRESS)
     parser.add_argument("--shm-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--admin-journal", help=argparse.SUPPRESS)
     return parser
 
 
@@ -133,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"serving-processor: bad config: {exc.message}", file=sys.stderr)
         return 2
+    if args.admin_journal:  # admin actions reach every worker
+        from .admin_journal import AdminJournal
+
+        app.runtime.admin_journal = AdminJournal(args.admin_journal, app.runtime)
     app.runtime.on_model_ready.append(lambda name: tune_gc())
     if not args.config:
         def announce_demo(name: str) -> None:

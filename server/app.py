@@ -95,6 +95,8 @@ class ServingApp:
         if self.worker:
             self.runtime.start_models()
             await loop.run_in_executor(None, self.runtime.wait_models)
+            if self.runtime.admin_journal is not None:  # serve what the other workers serve
+                await loop.run_in_executor(None, self.runtime.admin_journal.start)
         if dep.grpc_port is not None:
             from .grpc.server import add_grpc_port, create_grpc_server
 

@@ -58,6 +58,7 @@ class ServingRuntime:
         self._update_lock = threading.Lock()
         self._loaders: list[threading.Thread] = []
         self.on_model_ready: list[Callable[[str], None]] = []  # called with the model name
+        self.admin_journal = None  # workers > 1: a server/admin_journal.AdminJournal
 
     def model(self, name: str) -> ServedModel:
         """The served model; NotFound naming the served ones."""
@@ -151,21 +152,33 @@ class ServingRuntime:
 
     def reload(self, name: str, caller: str = "-") -> dict[str, Any]:
         """Load the version the store names now."""
-        return self._update(name, "reload", self.models.get(name).reload, caller)
+        return self.admin("reload", name, None, caller)
 
     def rollback(self, name: str, version: int | None, caller: str = "-") -> dict[str, Any]:
         """Serve the previously served version, or full checkpoint ``version``; both pin it."""
-        model = self.models.get(name)
-        return self._update(name, "rollback", lambda: model.rollback(version), caller)
+        return self.admin("rollback", name, version, caller)
 
     def pin(self, name: str, version: int, caller: str = "-") -> dict[str, Any]:
         """Serve full checkpoint ``version`` and stop following newer ones."""
-        model = self.models.get(name)
-        return self._update(name, "pin", lambda: model.pin(version), caller)
+        return self.admin("pin", name, version, caller)
 
     def unpin(self, name: str, caller: str = "-") -> dict[str, Any]:
         """Follow the newest version again."""
-        return self._update(name, "unpin", self.models.get(name).unpin, caller)
+        return self.admin("unpin", name, None, caller)
+
+    def admin(self, kind: str, name: str, version: int | None, caller: str = "-") -> dict[str, Any]:
+        """One admin action; with workers > 1 through the server's admin journal, which applies
+        it here and then in every other worker (server/admin_journal.py)."""
+        if self.admin_journal is not None:
+            return self.admin_journal.submit(kind, name, version, caller)
+        return self.apply_admin(kind, name, version, caller)
+
+    def apply_admin(self, kind: str, name: str, version: int | None, caller: str = "-") -> dict[str, Any]:
+        """Apply admin action ``kind`` (reload, rollback, pin, unpin) in this process."""
+        model = self.models.get(name)
+        actions = {"reload": model.reload, "rollback": lambda: model.rollback(version),
+                   "pin": lambda: model.pin(version), "unpin": model.unpin}
+        return self._update(name, kind, actions[kind], caller)
 
     def _update(self, name: str, kind: str, action: Callable[[], Any], caller: str = "-") -> dict[str, Any]:
         with self._update_lock:  # one admin update at a time

@@ -19,7 +19,9 @@
 5. restarts a worker that exits while the server runs (logged with its status; restarts of a
    worker that keeps dying at once are spaced out, up to 30 s), the others serving meanwhile;
    the ports file is rewritten with the new pid once the new worker listens;
-6. SIGTERM / SIGINT: forwarded to every worker, each drains within ``drain_timeout_seconds``;
+6. admin actions reach every worker through the admin journal in the run directory
+   (server/admin_journal.py), a restarted worker included;
+7. SIGTERM / SIGINT: forwarded to every worker, each drains within ``drain_timeout_seconds``;
    a worker still alive 10 s after that is killed. Exit status: 0 when every worker drained
    cleanly, 1 otherwise. A second signal is forwarded too (the workers exit at once) and the
    supervisor exits 1. At the end it removes its shared-memory files, its metrics directory
@@ -146,12 +148,14 @@ class Supervisor:
         ports.unlink(missing_ok=True)
         env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(self._metrics_dir)}
         cmd = [sys.executable, "-m", "server", "--config", str(self._config), "--ports-file", str(ports),
-               "--worker-of", self._lock.server_id, "--shm-dir", str(self._lock.directory)]
+               "--worker-of", self._lock.server_id, "--shm-dir", str(self._lock.directory),
+               "--admin-journal", str(self._run_dir / "admin.jsonl")]
         # its own session: a terminal's Ctrl-C (or `timeout`) signals the process group, and the
         # workers must get the signal once, from here
         worker.proc = subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent, start_new_session=True)
         worker.started = time.monotonic()
-        log.info("worker %d started (pid %d)", worker.index, worker.proc.pid)
+        log.info("worker %d started (pid %d%s)", worker.index, worker.proc.pid,
+                 f", restart {worker.restarts}" if worker.restarts else "")
 
     def _wait_listening(self) -> bool:
         """Wait until every worker has written its ports file (it listens); False: stopping."""

@@ -41,8 +41,8 @@ def deployment(dlrm_dir: Path, workers: int = 2) -> dict:
             "access_log": False, "drain_timeout_seconds": 10}
 
 
-def predict(server, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    request = urllib.request.Request(server.http + "/api/predict/dlrm", data=codec.encode_request(inputs))
+def predict(server, inputs: dict[str, np.ndarray], model: str = "dlrm") -> dict[str, np.ndarray]:
+    request = urllib.request.Request(server.http + f"/api/predict/{model}", data=codec.encode_request(inputs))
     with urllib.request.urlopen(request, timeout=30) as resp:  # a new connection each call
         return codec.decode_response(resp.read())
 
@@ -163,3 +163,76 @@ def test_files_of_a_killed_server_are_removed_at_the_next_start(dlrm_dir, tmp_pa
     assert server_files(dead.proc.pid), "the killed supervisor left nothing behind to clean"
     with ServerProcess(deployment(dlrm_dir), tmp_path / "next"):
         assert server_files(dead.proc.pid) == []
+
+
+ADMIN_TOKEN = "workers-admin-token"
+
+
+def toy_y(server, x: float = 1.0) -> float:
+    return float(predict(server, {"x": np.array([[x]], np.float32)}, "toy")["y"].ravel()[0])
+
+
+def every_worker_answers(server, y: float, calls: int = 30) -> bool:
+    """``calls`` calls on fresh connections (the kernel spreads them over the workers) all give ``y``."""
+    return all(abs(toy_y(server) - y) < 1e-5 for _ in range(calls))
+
+
+def admin(server, method: str, path: str, body: dict | None = None) -> dict:
+    request = urllib.request.Request(server.http + path, method=method,
+                                     data=json.dumps(body).encode() if body is not None else None,
+                                     headers={"Authorization": f"Bearer {ADMIN_TOKEN}",
+                                              "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as resp:
+        return json.loads(resp.read())
+
+
+@pytest.mark.timeout(600)
+def test_full_update_and_admin_pin_reach_every_worker_under_load(tmp_path):
+    """A new full version, a pin and an unpin with 2 workers while requests keep coming: no
+    request fails, every answer is one published version's, every worker ends on the same one."""
+    import threading
+
+    from conftest import model_config
+    from demo.toy_model import build_toy_model, write_toy_checkpoint
+    from server.launcher import ServerProcess
+
+    paths = build_toy_model(tmp_path / "toy")
+    config = model_config(paths, backend="onnxruntime", file_system_poll_wait_seconds=1)
+    dep = {"models": [{"name": "toy", "model_config": config}], "workers": 2, "admin_token": ADMIN_TOKEN,
+           "access_log": False, "drain_timeout_seconds": 10}
+    with ServerProcess(dep, tmp_path / "server") as server:
+        assert every_worker_answers(server, 2.5)  # y = 0.5 x + 2
+        answers: list[float] = []
+        failures: list[BaseException] = []
+        stop = threading.Event()
+
+        def load() -> None:
+            while not stop.is_set():
+                try:
+                    answers.append(toy_y(server))
+                except BaseException as exc:  # asserted below
+                    failures.append(exc)
+
+        thread = threading.Thread(target=load)
+        thread.start()
+        try:
+            write_toy_checkpoint(paths.run_dir, 2, 1.5, 4.0)  # y = 1.5 x + 4
+            assert wait_for(lambda: every_worker_answers(server, 5.5), 120), "not every worker took step 2"
+            assert admin(server, "PUT", "/admin/models/toy/pin", {"version": 1})["pinned"]
+            assert wait_for(lambda: every_worker_answers(server, 2.5), 120), "the pin did not reach every worker"
+            admin(server, "DELETE", "/admin/models/toy/pin")
+            assert wait_for(lambda: every_worker_answers(server, 5.5), 120), "the unpin did not reach every worker"
+        finally:
+            stop.set()
+            thread.join(60)
+        assert not failures, failures[:3]
+        assert answers and set(np.round(answers, 4)) <= {2.5, 5.5}
+        # a worker that starts now replays the pin: pin again, kill one, the new one serves step 1
+        admin(server, "PUT", "/admin/models/toy/pin", {"version": 1})
+        assert wait_for(lambda: every_worker_answers(server, 2.5), 120)
+        victim = server.ports["workers"][0]
+        os.kill(victim, signal.SIGKILL)
+        ports_file = tmp_path / "server" / "ports.json"
+        assert wait_for(lambda: victim not in json.loads(ports_file.read_text())["workers"], 180)
+        assert every_worker_answers(server, 2.5, calls=40)
+        assert server.stop() == 0
