@@ -1,15 +1,23 @@
-"""The request path's native extension, ``processor._native`` (built from ``native/``).
+"""The native extension, ``processor._native`` (built from ``native/`` by scripts/build_native.sh).
 
-It decodes PredictRequest bytes into numpy arrays, writes PredictResponse bytes and computes
-TensorFlow's string fingerprints, releasing the GIL for the work (``native/src/module.cc``; the
-bindings of the ONNX Runtime engine and the batcher are ``module_engine.cc``).
-The Python code it replaces stays as the reference it is tested against and as the fallback
-for what it does not take (:mod:`processor.wire_codec`).
+What it holds, each part releasing the GIL for its work:
 
-``MODULE`` is the extension or None; ``STATUS`` says which, and why, for model info. A missing
-extension is logged once, by :func:`status`, the first time a model asks; serving then runs
-the Python reference, correct but slower. Importing this module reads nothing from the
-environment.
+* the wire codec (``native/src/module.cc``): PredictRequest bytes to numpy arrays, PredictResponse
+  bytes from arrays, TensorFlow's string fingerprints;
+* the ONNX Runtime engine and the batching queue (``module_engine.cc``; used through
+  :mod:`processor.engine.onnx.native_engine`, :mod:`processor.batching.native_queue` and
+  :mod:`processor.batching.budget`);
+* the embedding stores' row lookups and row cache (``module_store.cc``; through
+  :mod:`processor.features.native_rows`).
+
+The Python code each part replaces stays the reference it is tested against and the fallback
+when the extension is not built (:mod:`processor.wire_codec`, the Python batcher and row budget,
+``DramTable.lookup_reference``); the ONNX Runtime engine has none: without the extension those
+models run on ONNX Runtime's Python sessions.
+
+``MODULE`` is the extension or None; :func:`status` says which, and why, for model info, and
+logs a missing extension once, the first time a model asks; serving then runs the Python
+reference, correct but slower. Importing this module reads nothing from the environment.
 """
 
 from __future__ import annotations

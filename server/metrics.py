@@ -2,19 +2,27 @@
 
 Served at ``/metrics`` and at TF Serving's ``/monitoring/prometheus/metrics`` on the HTTP port.
 
-Per request (labels ``model``, ``version``, ``protocol``, ``api``): count by status code, errors,
-latency histogram, requests in flight. Per model, read from its :class:`~processor.served_model.ServedModel` at scrape time: ready,
-served version, full loads / deltas / failed updates (the watcher's included) and the duration of
-the last update of each kind. Batching (models with ``batching``), read at scrape time: merged
-batch sizes and queue waits (histograms), queue depth, and refused / expired / isolated requests.
-Model updates the server triggers (start, admin reload / rollback /
-pin): duration histogram and failure count. Feature stores, read at scrape time from
-:meth:`~processor.served_model.ServedModel.feature_store_metrics` (filled on the request path by
-the store, see :mod:`processor.features.store_metrics`): lookup latency (histogram, per model and
-store), per table the ids looked up, default vectors served and the hits / misses of each cache
-tier, Redis connection errors and reconnects. Prediction logging (models with
-``logging_config``), read at scrape time: records written / dropped (queue full) / failed,
-write and upload errors, records queued.
+Per request: ``sp_requests`` by final status code (labels ``model``, ``version``, ``protocol``,
+``api``, ``code``), ``sp_request_errors`` (``model``, ``protocol``, ``api``, ``code``), the latency
+histogram (``model``, ``version``, ``protocol``, ``api``) and the requests in flight (``protocol``).
+Model updates the server triggers (start, admin reload / rollback / pin): duration histogram and
+failure count. With worker processes (``PROMETHEUS_MULTIPROC_DIR``, set by server/supervisor.py)
+these are written to files and a scrape sums every worker's.
+
+Read at scrape time from the live objects of the process that answers the scrape:
+
+* per model, from its :class:`~processor.served_model.ServedModel`: ready, served version, full
+  loads / deltas / failed updates (the watcher's included) and the duration of the last update of
+  each kind;
+* batching (models with ``batching``, :meth:`processor.dataplane.DataPlane.batching_info`): merged
+  batch sizes and queue waits (histograms), requests and rows queued, requests run alone, retried
+  alone after a failed merged call, refused (queue full) or expired;
+* feature stores (:meth:`~processor.served_model.ServedModel.feature_store_metrics`, filled on the
+  request path by the store, see :mod:`processor.features.store_metrics`): lookup latency
+  (histogram, per model and store), per table the ids looked up, default vectors served and the
+  hits / misses of each cache tier, Redis connection errors and reconnects;
+* prediction logging (models with ``logging_config``): records written / dropped (queue full) /
+  failed, write and upload errors, records queued.
 """
 
 from __future__ import annotations

@@ -41,18 +41,20 @@ def served_model_status(model, version: int | None, label: str | None) -> list[V
     return model_status(model, requested_version(model.name, version, label, model.version_labels))
 
 
-def model_status(manager, wanted: int | None) -> list[VersionStatus]:
-    """GetModelStatus: the served version (or the failed/loading state when none is served)."""
-    served = manager.served_version()
+def model_status(model, wanted: int | None) -> list[VersionStatus]:
+    """GetModelStatus: the served version (or the failed/loading state when none is served).
+    ``model``: a :class:`~processor.served_model.ServedModel` (its ``name``, ``served_version()``,
+    ``state``, ``last_error``)."""
+    served = model.served_version()
     if served is not None:
         number = version_number(served)
         if wanted is not None and wanted != number:
-            raise NotFound(f"Could not find version {wanted} of model {manager.name}")
+            raise NotFound(f"Could not find version {wanted} of model {model.name}")
         return [VersionStatus(number, "AVAILABLE", "OK", "")]
     if wanted is not None:
-        raise NotFound(f"Could not find version {wanted} of model {manager.name}")
-    state = _STATES.get(manager.state, "UNKNOWN")
-    error = manager.last_error or ""
+        raise NotFound(f"Could not find version {wanted} of model {model.name}")
+    state = _STATES.get(model.state, "UNKNOWN")
+    error = model.last_error or ""
     return [VersionStatus(0, state, "UNKNOWN" if error else "OK", error)]
 
 

@@ -25,7 +25,10 @@ request at a larger batch is not a cold one: ``warmup_batch_sizes`` when configu
 else 1, powers of two and the largest batch of the warmup requests (8 for synthetic ones). A
 failure there never rejects the version (the report says where it stopped and why).
 
-Pure functions; ``warm_up`` is called on a group nobody else uses yet.
+Functions, no state of their own. They do I/O: :func:`read_warmup_file` and :func:`plan_warmup`
+read the warmup file, TF Serving's records and the SavedModel's graph; :func:`warm_up` runs the
+group's lanes (and logs a skipped warmup). ``warm_up`` is called on a group nobody else uses
+yet, by the thread loading it.
 """
 
 from __future__ import annotations

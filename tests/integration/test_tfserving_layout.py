@@ -185,13 +185,13 @@ def test_tfserving_model_status_reports_the_version_number(versions, tmp_path, m
     base = tmp_path / "m"
     copy_version(versions, base, 1, as_number=17)
     p = make_processor(config(base))
-    status = model_status(p.manager, None)
+    status = model_status(p.model, None)
     assert [(s.version, s.state) for s in status] == [(17, "AVAILABLE")]
-    assert model_status(p.manager, 17)[0].version == 17
+    assert model_status(p.model, 17)[0].version == 17
     with pytest.raises(NotFound):
-        model_status(p.manager, 1)
+        model_status(p.model, 1)
     copy_version(versions, base, 2, as_number=42)
-    assert wait_for(timeout=30, predicate=lambda: model_status(p.manager, None)[0].version == 42)
+    assert wait_for(timeout=30, predicate=lambda: model_status(p.model, None)[0].version == 42)
     assert predict(p) == [[3.0]]
     # the C ABI's get_serving_model_info names the served version directory
     from processor.proto import predict_pb2

@@ -131,3 +131,17 @@ def test_processor_imports_no_edge():
     assert not offenders, f"processor/ modules import an edge's package: {offenders}"
     # the check sees what it looks for: the stubs import grpc
     assert "grpc" in _top_level_imports(ROOT / PACKAGE / "proto" / "processor_service_pb2_grpc.py")
+
+
+def _reads_manager(path: Path) -> bool:
+    return any(isinstance(node, ast.Attribute) and node.attr == "manager"
+               for node in ast.walk(ast.parse(path.read_text(), str(path))))
+
+
+def test_edges_never_touch_a_model_manager():
+    """The edges (server/, the C ABI's processor/abi.py) reach a model through the DataPlane and
+    the ServedModel, never its ModelManager (docs/architecture.md)."""
+    edges = sorted((ROOT / "server").rglob("*.py")) + [ROOT / PACKAGE / "abi.py"]
+    offenders = [str(p.relative_to(ROOT)) for p in edges if _reads_manager(p)]
+    assert not offenders, f"edge modules read a ModelManager (.manager): {offenders}"
+    assert _reads_manager(ROOT / PACKAGE / "dataplane.py")  # the check sees what it looks for
