@@ -68,7 +68,7 @@ def read_delta(prefix: str, step: int, variables: Mapping[str, VariableInfo]) ->
     try:
         tensors = read_tensors(prefix)
     except Exception as exc:  # the reader raises several types for a corrupt bundle
-        raise CheckpointError(f"cannot read delta {prefix!r}: {type(exc).__name__}: {exc}") from None
+        raise CheckpointError(f"cannot read delta {prefix!r}: {type(exc).__name__}: {exc}") from exc
     delta = Delta(step)
     used: set[str] = set()
     for name, keys in tensors.items():

@@ -86,9 +86,10 @@ def check_against_tensorflow(model, session, signature: Signature, hashed: list[
             want = session.run([signature.outputs[a].name for a in aliases],
                                {signature.inputs[a].name: v for a, v in feeds.items()})
             break
-        except Exception:
+        except Exception as exc:
             if small_ints:
-                raise Internal("the TensorFlow model rejects synthetic inputs; cannot check the conversion") from None
+                raise Internal("the TensorFlow model rejects synthetic inputs; cannot check the "
+                               "conversion") from exc
     got = ort_session.run([signature.outputs[a].name for a in aliases], ort_feeds(signature, feeds, hashed))
     for alias, w, g in zip(aliases, want, got):
         w, g = np.asarray(w), np.asarray(g)

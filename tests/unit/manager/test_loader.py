@@ -109,3 +109,13 @@ def test_apply_delta_checks_every_link_first():
     with pytest.raises(CheckpointError, match="cannot read delta"):
         loader.apply_delta(group, newest(store, delta_mode="chain"))
     assert group.params == (10, (11,))  # 12 was read but not applied: 13 failed its read
+
+
+def test_an_unreadable_delta_keeps_the_reader_error_as_its_cause(tmp_path):
+    """CheckpointError is an internal error: the reader's exception stays its __cause__ (the
+    edge logs where the read failed), not hidden with ``from None``."""
+    from processor.checkpoint.delta import read_delta
+
+    with pytest.raises(CheckpointError, match="cannot read delta") as info:
+        read_delta(str(tmp_path / "missing"), 11, {})
+    assert info.value.__cause__ is not None
