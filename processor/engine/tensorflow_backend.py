@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import shared_segments
 from ..config import ModelConfig, shorten
 from ..errors import Internal, InvalidArgument, NotFound, ProcessorError
 from ..checkpoint.delta import Delta, VariableInfo, read_delta
@@ -358,7 +359,10 @@ class TensorFlowBackend:
             "engine": "tensorflow",
             "engine_version": tf.__version__,
             "lanes": self.lanes,
-            "weights": "one Session: one copy of every parameter for all lanes (and all graph copies)",
+            "weights": "one Session: one copy of every parameter for all lanes (and all graph copies)"
+                       + ("; with workers > 1 each worker process restores its own copy (TensorFlow's "
+                          "variables cannot live in shared memory; the ONNX Runtime backend's can)"
+                          if shared_segments.active() is not None else ""),
             "inter_op_pool_per_lane": [o.inter_op_thread_pool for o in opts],
             "inter_op_parallelism_threads": self._config.inter_op_parallelism_threads,
             "intra_op_parallelism_threads": self._config.intra_op_parallelism_threads,

@@ -188,12 +188,14 @@ def admin(server, method: str, path: str, body: dict | None = None) -> dict:
 
 @pytest.mark.timeout(600)
 def test_full_update_and_admin_pin_reach_every_worker_under_load(tmp_path):
-    """A new full version, a pin and an unpin with 2 workers while requests keep coming: no
-    request fails, every answer is one published version's, every worker ends on the same one."""
+    """A new full version, a delta (applied by each worker to its own copy-on-write pages), a pin
+    and an unpin with 2 workers while requests keep coming: no request fails, every answer is
+    one published version's, every worker ends on the same one."""
     import threading
 
     from conftest import model_config
     from demo.toy_model import build_toy_model, write_toy_checkpoint
+    from unit.features.helpers import publish_delta
     from server.launcher import ServerProcess
 
     paths = build_toy_model(tmp_path / "toy")
@@ -218,15 +220,17 @@ def test_full_update_and_admin_pin_reach_every_worker_under_load(tmp_path):
         try:
             write_toy_checkpoint(paths.run_dir, 2, 1.5, 4.0)  # y = 1.5 x + 4
             assert wait_for(lambda: every_worker_answers(server, 5.5), 120), "not every worker took step 2"
+            publish_delta(paths.run_dir, 3, {"a": np.array(2.0, np.float32)})  # y = 2 x + 4, in place
+            assert wait_for(lambda: every_worker_answers(server, 6.0), 120), "not every worker took delta 3"
             assert admin(server, "PUT", "/admin/models/toy/pin", {"version": 1})["pinned"]
             assert wait_for(lambda: every_worker_answers(server, 2.5), 120), "the pin did not reach every worker"
             admin(server, "DELETE", "/admin/models/toy/pin")
-            assert wait_for(lambda: every_worker_answers(server, 5.5), 120), "the unpin did not reach every worker"
+            assert wait_for(lambda: every_worker_answers(server, 6.0), 120), "the unpin did not reach every worker"
         finally:
             stop.set()
             thread.join(60)
         assert not failures, failures[:3]
-        assert answers and set(np.round(answers, 4)) <= {2.5, 5.5}
+        assert answers and set(np.round(answers, 4)) <= {2.5, 5.5, 6.0}
         # a worker that starts now replays the pin: pin again, kill one, the new one serves step 1
         admin(server, "PUT", "/admin/models/toy/pin", {"version": 1})
         assert wait_for(lambda: every_worker_answers(server, 2.5), 120)
