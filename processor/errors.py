@@ -34,9 +34,10 @@ class EdgeStatus:
     http: int
     grpc: str  # name of the grpc.StatusCode member; processor/ never imports grpc
     # What processor.abi returns. libserving_processor.so passes on the statuses processor.h
-    # documents, C_ABI_STATUSES; the C path itself never produces RESOURCE_EXHAUSTED (it sets
-    # no request size limit: the host's transport does) nor DEADLINE_EXCEEDED (it passes no
-    # deadline), and the library answers any status outside that list as 500.
+    # documents, C_ABI_STATUSES: RESOURCE_EXHAUSTED (a request over max_request_rows; the C path
+    # sets no size limit of its own) is its 400, a bad request; the C path never produces
+    # DEADLINE_EXCEEDED (it passes no deadline), and the library answers any status outside that
+    # list as 500.
     c_abi: int
 
 
@@ -45,7 +46,7 @@ STATUS_TABLE: dict[StatusCode, EdgeStatus] = {
     StatusCode.INVALID_ARGUMENT: EdgeStatus(400, "INVALID_ARGUMENT", 400),
     StatusCode.NOT_FOUND: EdgeStatus(404, "NOT_FOUND", 404),
     StatusCode.FAILED_PRECONDITION: EdgeStatus(400, "FAILED_PRECONDITION", 400),
-    StatusCode.RESOURCE_EXHAUSTED: EdgeStatus(413, "RESOURCE_EXHAUSTED", 413),
+    StatusCode.RESOURCE_EXHAUSTED: EdgeStatus(413, "RESOURCE_EXHAUSTED", 400),
     StatusCode.INTERNAL: EdgeStatus(500, "INTERNAL", 500),
     StatusCode.UNAVAILABLE: EdgeStatus(503, "UNAVAILABLE", 503),
     StatusCode.DEADLINE_EXCEEDED: EdgeStatus(504, "DEADLINE_EXCEEDED", 504),
