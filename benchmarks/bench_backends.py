@@ -31,7 +31,7 @@ CACHE_DIR = RESULTS.parent.parent / "artifacts" / "onnx_cache"
 
 def open_group(paths, backend: str, session_num: int):
     from processor.config import ModelConfig
-    from processor.engine.session_group import open_session_group
+    from processor.engine.open_group import open_session_group
     from processor.store.model_version import ModelVersion
 
     config = ModelConfig.from_dict({

@@ -26,8 +26,6 @@ from typing import Any
 import numpy as np
 
 from ..checkpoint.delta import Delta
-from ..config import ModelConfig
-from ..errors import ConfigError
 from ..request import served_signature
 from ..signature import Signature
 from ..store.model_version import ModelVersion
@@ -208,43 +206,3 @@ class SessionGroup:
             self.splitter.close()
         self.backend.close()
 
-
-def open_session_group(config: ModelConfig, version: ModelVersion, features=None, batching=None) -> SessionGroup:
-    """Load ``version`` into a new SessionGroup with the engine the config names.
-
-    ``features``: the model's :class:`~processor.features.FeatureStore` when its embeddings are
-    served from one (TensorFlow only); the group opens ``version``'s tables in it.
-    ``batching``: the model's :class:`~processor.batching.model_batching.ModelBatching`, through
-    which the group opens its native batching queue (None: no queue).
-
-    The engine is ``config.backend``, or with ``auto`` ONNX Runtime when ``savedmodel_dir`` holds a
-    ``.onnx`` model and TensorFlow otherwise. Raises ProcessorError (ConfigError for settings this
-    machine cannot honour, e.g. a GPU it does not have; Internal for a model that does not load).
-    """
-    from . import device_plan
-    from .onnx.convert import find_onnx_file
-
-    engine = config.backend
-    if engine == "auto":
-        engine = "onnxruntime" if find_onnx_file(version.savedmodel_dir) else "tensorflow"
-    started = time.monotonic()
-    if engine == "onnxruntime":
-        from .onnx.backend import OnnxRuntimeBackend
-
-        if features is not None:
-            raise ConfigError("feature_store_type / ev_storage_type: embeddings served from a feature "
-                              "store need the TensorFlow backend")
-
-        try:
-            import onnxruntime  # noqa: F401
-        except ImportError as exc:
-            raise ConfigError(f"backend: onnxruntime is not installed ({exc}); install the 'cpu' "
-                              f"(onnxruntime) or 'gpu' (onnxruntime-gpu) extra") from None
-        backend: Backend = OnnxRuntimeBackend(config, version, device_plan.plan_for(config, engine))
-    else:
-        from .tensorflow_backend import TensorFlowBackend
-
-        plan = device_plan.plan_for(config, engine)
-        backend = TensorFlowBackend(config, version, lanes=len(plan.lanes), devices=plan, features=features)
-    return SessionGroup(backend, config.select_session_policy, version, time.monotonic() - started,
-                        batching, RowSplitter.from_config(config, backend.lanes))

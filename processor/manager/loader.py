@@ -5,7 +5,7 @@ The steps of one load, in order:
 1. **materialize**: a local copy of the version's files (:meth:`ModelStore.materialize`: the
    same paths for a local store, a cached download for a remote one);
 2. **open**: a new group over the local copy (``open_group``, by default
-   :func:`~processor.engine.session_group.open_session_group`); the group serves, and reports,
+   :func:`~processor.engine.open_group.open_session_group`); the group serves, and reports,
    the store's version, not the local paths;
 3. **apply deltas**: every delta of the version, each read and checked (its parent step must be
    the step it follows here) before the first is applied;
@@ -27,7 +27,7 @@ from typing import Any
 
 from ..checkpoint.delta import CheckpointError
 from ..config import ModelConfig
-from ..engine.session_group import open_session_group
+from ..engine.open_group import open_session_group
 from ..errors import as_processor_error
 from ..store.model_store import ModelStore
 from ..store.model_version import ModelVersion

@@ -72,7 +72,7 @@ def test_embedding_lookup_on_a_variable(zoo, make_processor):
 def test_embedding_delta_reaches_the_served_graph(zoo):
     from processor.checkpoint.delta import Delta
     from processor.config import ModelConfig
-    from processor.engine.session_group import open_session_group
+    from processor.engine.open_group import open_session_group
     from processor.store.model_version import ModelVersion
 
     paths = zoo("embedding_module")
@@ -137,7 +137,7 @@ def test_refused_models_serve_with_tensorflow(zoo, make_processor):
 def test_tf2_toy_converts_on_the_tf2_path_and_takes_deltas(toy_model_tf2):
     from processor.checkpoint.delta import Delta
     from processor.config import ModelConfig
-    from processor.engine.session_group import open_session_group
+    from processor.engine.open_group import open_session_group
     from processor.store.model_version import ModelVersion
 
     config = ModelConfig.from_dict(ort_config(toy_model_tf2, session_num=2))

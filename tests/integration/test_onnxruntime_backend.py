@@ -155,7 +155,7 @@ def test_parameter_updates_reach_every_session_like_tensorflow(ctr_model_small):
 
     from demo.synthetic_data import synthetic_batch
     from processor.config import ModelConfig
-    from processor.engine.session_group import open_session_group
+    from processor.engine.open_group import open_session_group
     from processor.store.model_version import ModelVersion
 
     paths = ctr_model_small
@@ -202,7 +202,7 @@ def test_parameter_updates_reach_every_session_like_tensorflow(ctr_model_small):
 def test_delta_is_applied_in_place(toy_model):
     from processor.checkpoint.delta import Delta
     from processor.config import ModelConfig
-    from processor.engine.session_group import open_session_group
+    from processor.engine.open_group import open_session_group
     from processor.store.model_version import ModelVersion
 
     config = ModelConfig.from_dict(ort_config(toy_model, session_num=2))

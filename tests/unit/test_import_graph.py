@@ -92,10 +92,10 @@ def _graph() -> dict[str, set[str]]:
 
 def test_the_parser_sees_deferred_and_relative_imports():
     graph = _graph()
-    assert "processor.engine.session_group" in graph
-    # session_group imports its backends inside open_session_group, relatively
-    assert "processor.engine.onnx.backend" in graph["processor.engine.session_group"]
-    assert "processor.engine.tensorflow_backend" in graph["processor.engine.session_group"]
+    assert "processor.engine.open_group" in graph
+    # open_group imports its backends inside open_session_group, relatively
+    assert "processor.engine.onnx.backend" in graph["processor.engine.open_group"]
+    assert "processor.engine.tensorflow_backend" in graph["processor.engine.open_group"]
     # ``from .. import native`` is the module processor.native
     assert "processor.native" in graph["processor.engine.onnx.native_engine"]
 

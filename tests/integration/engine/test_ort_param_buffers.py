@@ -16,7 +16,7 @@ from demo import dlrm_onnx
 from processor.checkpoint.delta import Delta
 from processor.config import ModelConfig
 from processor.engine.onnx.param_buffers import BufferSet, HostMemory, Parameters
-from processor.engine.session_group import open_session_group
+from processor.engine.open_group import open_session_group
 from processor.errors import Internal
 from processor.store.model_version import ModelVersion
 
