@@ -14,7 +14,7 @@
 
 namespace sp::ort {
 
-// Version 13 (ONNX Runtime 1.13) has every entry used here; pyproject asks for >= 1.20.
+// Version 13 (ONNX Runtime 1.13) has every entry used here; pyproject asks for >= 1.21.
 constexpr uint32_t kApiVersion = 13;
 
 struct Status;
