@@ -158,10 +158,19 @@ class Supervisor:
                  f", restart {worker.restarts}" if worker.restarts else "")
 
     def _wait_listening(self) -> bool:
-        """Wait until every worker has written its ports file (it listens); False: stopping."""
+        """Wait until every worker has written its ports file (it listens); False: stopping.
+
+        A worker that exits before it listens (a port it cannot bind, a bad certificate) ends
+        the start: the others are stopped and the server exits with that worker's status."""
         pending = list(self._workers)
         while pending and not self._stopping:
-            self._reap()
+            for worker in pending:
+                code = worker.proc.poll()
+                if code is not None:
+                    log.error("worker %d exited with status %s before it listened: stopping", worker.index, code)
+                    self.exit_code = code if code > 0 else 1
+                    self._stopping = True
+                    return False
             pending = [w for w in pending if not self._worker_ports_file(w).exists()]
             time.sleep(0.05)
         return not self._stopping
@@ -240,7 +249,7 @@ class Supervisor:
 
     def _stop_all(self) -> None:
         self._stopping = True
-        if self._signals == 0:  # an error ended the watch: the workers stop too
+        if self._signals == 0:  # an error or a failed start ended the watch: the workers stop too
             self._forward(signal.SIGTERM)
         deadline = time.monotonic() + self.deployment.drain_timeout_seconds + _KILL_MARGIN_SECONDS
         for worker in self._workers:
@@ -254,7 +263,7 @@ class Supervisor:
                 proc.kill()
                 code = proc.wait()
             if code != 0:
-                self.exit_code = 1
+                self.exit_code = self.exit_code or 1
 
     def _mark_dead(self, pid: int) -> None:
         """Drop a dead worker's live gauges from the multiprocess metrics (its counters stay)."""

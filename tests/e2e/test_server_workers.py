@@ -240,3 +240,23 @@ def test_full_update_and_admin_pin_reach_every_worker_under_load(tmp_path):
         assert wait_for(lambda: victim not in json.loads(ports_file.read_text())["workers"], 180)
         assert every_worker_answers(server, 2.5, calls=40)
         assert server.stop() == 0
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_that_cannot_start_stops_the_server(dlrm_dir, tmp_path):
+    """A bad certificate file fails every worker before it listens: the server exits 2 naming the
+    key (as one process does), leaving nothing in /dev/shm."""
+    import subprocess
+    import sys
+
+    from server.launcher import REPO_ROOT
+
+    config = tmp_path / "deployment.json"
+    config.write_text(json.dumps({**deployment(dlrm_dir), "tls_cert_file": str(tmp_path / "missing.pem"),
+                                  "tls_key_file": str(tmp_path / "missing.key"), "http_port": 0, "grpc_port": 0}))
+    proc = subprocess.Popen([sys.executable, "-m", "server", "--config", str(config)], cwd=REPO_ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, stderr = proc.communicate(timeout=100)
+    assert proc.returncode == 2, stderr[-2000:]
+    assert "tls_cert_file" in stderr and "before it listened" in stderr
+    assert server_files(proc.pid) == []

@@ -144,9 +144,15 @@ class OnnxRuntimeBackend:
         self._split = self._placement.split
         # workers > 1: the parameters live in one shared-memory segment for every worker
         self._segment = None
+        params = None
         if shared_segments.active() is not None:
-            params, self._segment = map_parameters(self._prepared.directory, self._prepared.manifest["parameters"])
-        else:
+            try:
+                params, self._segment = map_parameters(self._prepared.directory,
+                                                       self._prepared.manifest["parameters"])
+            except OSError as exc:  # /dev/shm full (Docker's 64 MB default): a private copy still serves
+                log.warning("parameters of %s not in shared memory (%s): this worker holds its own copy",
+                            self._prepared.directory.name, exc)
+        if params is None:
             params = self._prepared.load_parameters()
         self._parts = [self._placement.parts(self._prepared.model_path, self._session_target(index)[0],
                                              frozenset(params)) for index in range(plan.sessions)]
