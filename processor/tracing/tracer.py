@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
 from typing import Any
 
+from .. import shared_segments
 from ..config import ModelConfig
 from . import step_stats
 from .events import EngineTrace, TraceEvent
@@ -45,6 +47,13 @@ def _next_file_index(path: str) -> int:
     with _FILE_INDEX_LOCK:
         counter = _FILE_INDEX.setdefault(path, itertools.count())
     return next(counter)
+
+
+def _file_name(path: str) -> str:
+    """``timeline-N``; a worker of a ``workers: N`` server puts its pid in (``timeline-<pid>-N``)
+    so that the workers writing to one directory never overwrite each other's files."""
+    index = _next_file_index(path)
+    return f"timeline-{os.getpid()}-{index}" if shared_segments.active() is not None else f"timeline-{index}"
 
 
 def now_us() -> float:
@@ -182,7 +191,7 @@ class Tracer:
         started = time.perf_counter()
         try:
             data = build_step_stats(recorder, self.model)
-            name = f"timeline-{_next_file_index(self._sink.display)}"
+            name = _file_name(self._sink.display)
             where = self._sink.write(name, data)
         except Exception as exc:  # noqa: BLE001 - counted and logged, never raised
             self.stats["write_errors"] += 1

@@ -113,3 +113,9 @@ def test_workers_key_is_checked(value):
 def test_workers_defaults_to_one_process():
     dep = DeploymentConfig.from_dict({"models": [{"name": "m", "model_config": {"savedmodel_dir": "/m"}}]})
     assert dep.workers == 1
+
+
+def test_a_worker_names_its_timelines_with_its_pid(worker):
+    from processor.tracing.tracer import _file_name
+
+    assert _file_name(str(worker)).startswith(f"timeline-{os.getpid()}-")
