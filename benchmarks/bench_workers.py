@@ -1,0 +1,196 @@
+"""workers: N (issue 24): the machine's memory and the server's req/s with 1, 2, 4 workers.
+
+* **memory**: the DLRM-like ``.onnx`` model (``demo.dlrm_onnx``) with about ``--table-gb`` GB of
+  embedding tables on ONNX Runtime, ``python -m server`` with ``workers`` 1, 2 and 4: the
+  machine's used memory (``MemTotal - MemAvailable`` from ``/proc/meminfo``: shared memory
+  included) just before the start and once every worker serves (and has answered a few
+  requests); each worker beyond the first should add at most 0.2 of the tables' bytes;
+* **throughput**: the same model with small tables (26 x 20,000 x 16), batch 1, workers 1 vs 2:
+  HTTP our wire format (``wrk``) and gRPC ``ProcessorService.Predict`` (``h2load``), req/s and
+  p50/p99 (ms). The load generators run on the same machine and take CPU from the server.
+
+The machine may be shared: other processes' memory and CPU move both figures; the memory
+figure takes the used memory right before each start as its baseline. Writes
+``benchmarks/results/workers.json`` and ``.md``.
+
+    .venv/bin/python -m benchmarks.bench_workers [--table-gb 1] [--workers 1,2,4] [--seconds 5]
+        [--skip-memory] [--skip-throughput] [--out-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from benchmarks import native_load
+from benchmarks.common import write_results
+from demo import dlrm_onnx
+from processor.codec import encode_request
+
+MODEL = "dlrm"
+DIM = 16
+
+
+def used_bytes() -> int:
+    """MemTotal - MemAvailable: what the machine uses, shared memory included."""
+    info = {}
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        key, value = line.split(":", 1)
+        info[key] = int(value.split()[0]) * 1024
+    return info["MemTotal"] - info["MemAvailable"]
+
+
+def server_memory(server) -> dict:
+    """The server's own memory, less noisy than the machine's: the private pages (clean + dirty)
+    of the supervisor and every worker, and its shared-memory segments counted once."""
+    from processor import shared_segments
+
+    pids = [server.proc.pid, *server.ports.get("workers", [])]
+    private = 0
+    for pid in pids:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            if key in ("Private_Clean", "Private_Dirty"):
+                private += int(rest.split()[0]) * 1024
+    segments = sum(p.stat().st_size for p in shared_segments.default_directory().glob(
+        f"{shared_segments.PREFIX}{server.proc.pid}-*"))
+    return {"private_mib": private / 2**20, "shared_segments_mib": segments / 2**20,
+            "own_mib": (private + segments) / 2**20}
+
+
+def deployment(model_dir: Path, workers: int) -> dict:
+    config = {"savedmodel_dir": str(model_dir), "backend": "onnxruntime", "session_num": 1,
+              "use_per_session_threads": True, "intra_op_parallelism_threads": 1,
+              "file_system_poll_wait_seconds": 0}
+    return {"models": [{"name": MODEL, "model_config": config}], "workers": workers, "access_log": False}
+
+
+def answer_a_few(server, calls: int = 20) -> None:
+    body = encode_request(dlrm_onnx.inputs(1))
+    for _ in range(calls):  # fresh connections: the kernel spreads them over the workers
+        with urllib.request.urlopen(urllib.request.Request(f"{server.http}/api/predict/{MODEL}", data=body),
+                                    timeout=60) as resp:
+            resp.read()
+
+
+def measure_memory(model_dir: Path, table_bytes: int, workers_list: list[int], work: Path) -> list[dict]:
+    from server.launcher import ServerProcess
+
+    rows = []
+    for workers in workers_list:
+        time.sleep(2)  # let the previous server's memory go back
+        before = used_bytes()
+        server = ServerProcess(deployment(model_dir, workers), work / f"memory-{workers}").start(timeout=900)
+        try:
+            answer_a_few(server)
+            time.sleep(1)
+            after = used_bytes()
+            own = server_memory(server)
+        finally:
+            server.stop()
+        added = after - before
+        rows.append({"workers": workers, "used_before_mib": before / 2**20, "used_after_mib": after / 2**20,
+                     "added_mib": added / 2**20, "added_over_tables": added / table_bytes, **own})
+        print(f"workers {workers}: machine +{added / 2**20:.0f} MiB ({added / table_bytes:.2f} x the tables); "
+              f"server's own {own['own_mib']:.0f} MiB (private {own['private_mib']:.0f}, shared "
+              f"{own['shared_segments_mib']:.0f})", flush=True)
+    for key in ("added_mib", "own_mib"):
+        base = rows[0][key]
+        for row in rows:
+            extra = row["workers"] - 1
+            row[f"per_extra_worker_over_tables_{key[:-4]}"] = (
+                (row[key] - base) * 2**20 / extra / table_bytes if extra else None)
+    return rows
+
+
+def measure_throughput(model_dir: Path, workers_list: list[int], seconds: float, work: Path) -> list[dict]:
+    from server.launcher import ServerProcess
+
+    body = encode_request(dlrm_onnx.inputs(1))
+    rows = []
+    for workers in workers_list:
+        with ServerProcess(deployment(model_dir, workers), work / f"load-{workers}") as server:
+            answer_a_few(server)
+            pid = server.proc.pid  # the CPU figure is the supervisor's (not its live workers'): left out
+            http = native_load.wrk(f"{server.http}/api/predict/{MODEL}", body, {}, pid, seconds=seconds)
+            grpc = native_load.h2load(f"http://{server.grpc_target}/tensorflow.eas.ProcessorService/Predict",
+                                      body, {"model-name": MODEL}, pid, seconds=seconds)
+        for edge, result in (("HTTP ours (wrk)", http), ("gRPC ours (h2load)", grpc)):
+            result.pop("cpu_us_per_request", None)
+            rows.append({"workers": workers, "edge": edge, **result})
+            print(f"workers {workers} {edge}: {result['req_per_s']:.0f} req/s, p99 {result['p99_ms']:.2f} ms",
+                  flush=True)
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--table-gb", type=float, default=1.0)
+    parser.add_argument("--workers", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4])
+    parser.add_argument("--load-workers", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--out-dir", type=Path)
+    args = parser.parse_args()
+    os.environ.setdefault("SP_ONNX_CACHE_DIR", tempfile.mkdtemp(prefix="sp-bench-workers-cache-"))
+    payload: dict = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                                 "load_average": os.getloadavg()}}
+    md = [f"# workers: N (issue 24)\n\n{os.cpu_count()} CPUs, load average at the start "
+          f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} (a shared machine moves these figures).\n"]
+    with tempfile.TemporaryDirectory(prefix="sp-bench-workers-") as tmp:
+        work = Path(tmp)
+        if not args.skip_memory:
+            rows_per_table = int(args.table_gb * 2**30 / (dlrm_onnx.SPARSE * DIM * 4))
+            big = work / "big"
+            # built in a child process: the building's gigabytes must not stay in this one's heap
+            # (they would sit in the first baseline)
+            subprocess.run([sys.executable, "-m", "demo.dlrm_onnx", str(big), "--rows", str(rows_per_table),
+                            "--dim", str(DIM)], check=True, stdout=subprocess.DEVNULL)
+            table_bytes = dlrm_onnx.SPARSE * rows_per_table * DIM * 4
+            memory = measure_memory(big, table_bytes, args.workers, work)
+            payload["memory"] = {"table_bytes": table_bytes, "rows": memory}
+            md.append(f"## Memory: {table_bytes / 2**30:.2f} GiB of tables\n\n"
+                      "Machine: MemTotal - MemAvailable before the start and while serving (other processes "
+                      "move it). Server: private pages of the supervisor and every worker + the shared "
+                      "segments once.\n\n"
+                      "| workers | machine before (MiB) | machine serving (MiB) | machine added (MiB) "
+                      "| per extra worker / tables | server private (MiB) | shared segments (MiB) "
+                      "| server own (MiB) | per extra worker / tables |\n|---|---|---|---|---|---|---|---|---|")
+
+            def ratio(value) -> str:
+                return "-" if value is None else f"{value:.3f}"
+
+            for r in memory:
+                md.append(f"| {r['workers']} | {r['used_before_mib']:.0f} | {r['used_after_mib']:.0f} | "
+                          f"{r['added_mib']:.0f} | {ratio(r['per_extra_worker_over_tables_added'])} | "
+                          f"{r['private_mib']:.0f} | {r['shared_segments_mib']:.0f} | {r['own_mib']:.0f} | "
+                          f"{ratio(r['per_extra_worker_over_tables_own'])} |")
+            md.append("\nA worker's private memory does not grow with the tables (they are in the shared "
+                      "segment); it is the process itself: Python, ONNX Runtime, grpcio and TensorFlow, which "
+                      "the TF Serving protocol buffers (`tensorflow_serving.apis`) import.")
+            md.append("")
+        if not args.skip_throughput:
+            small = work / "small"
+            small.mkdir()
+            dlrm_onnx.build(small / "model.onnx", rows=20_000, dim=DIM)
+            load = measure_throughput(small, args.load_workers, args.seconds, work)
+            payload["throughput"] = load
+            md.append("## Throughput: batch 1, 26 x 20,000 x 16 tables\n\n"
+                      "| workers | edge | req/s | p50 (ms) | p99 (ms) | errors |\n|---|---|---|---|---|---|")
+            for r in load:
+                md.append(f"| {r['workers']} | {r['edge']} | {r['req_per_s']:.0f} | {r['p50_ms']:.2f} | "
+                          f"{r['p99_ms']:.2f} | {r['errors']} |")
+    write_results("workers", payload, "\n".join(md), args.out_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
