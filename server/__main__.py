@@ -128,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         from processor import shared_segments
 
         shared_segments.enable(args.worker_of, args.shm_dir)
+        _tag_log_lines()
     try:
         app = ServingApp(deployment, ports_file=args.ports_file, worker=bool(args.worker_of),
                          announce=log.debug if args.worker_of else None)  # the supervisor announces
@@ -146,6 +147,20 @@ def main(argv: list[str] | None = None) -> int:
                 app.announce(f"[server] model {name!r} ready; try:\n  {curl}")
         app.runtime.on_model_ready.append(announce_demo)
     return _run_and_exit(app.run)
+
+
+class _WorkerPid(logging.Filter):
+    """Adds ``worker`` (this process's pid) to every log record: JSON lines carry it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.worker = os.getpid()
+        return True
+
+
+def _tag_log_lines() -> None:
+    """A worker's log lines (the access log's included) say which worker wrote them."""
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_WorkerPid())
 
 
 def _supervise(deployment, data: dict, ports_file: str | None) -> int:

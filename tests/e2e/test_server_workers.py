@@ -121,6 +121,8 @@ def test_two_workers_share_the_weights_and_metrics(dlrm_dir, tmp_path):
             assert requests_counted(server) == 40
         code = server.stop()
     assert code == 0, server.log()[-3000:]
+    tagged = {json.loads(line).get("worker") for line in server.log().splitlines() if line.startswith("{")}
+    assert set(pids) <= tagged  # each worker's log lines say which worker wrote them
     assert server_files(server.proc.pid) == []
     assert all(gone(pid) for pid in pids)
 
