@@ -61,3 +61,13 @@ def test_arrays_split_equal_unsplit(processors):
         got = split.dataplane.predict(PredictCall(split.name, feeds)).outputs
         want = whole.dataplane.predict(PredictCall(whole.name, feeds)).outputs
         assert_outputs_close(got, want, f"arrays batch {n}")
+
+
+def test_row_limit_through_the_c_abi_is_a_400_naming_it(ctr_model_small, make_processor):
+    from demo.synthetic_data import synthetic_batch
+
+    p = make_processor(model_config(ctr_model_small, max_request_rows=10))
+    status, body = p.process(codec.encode_request(synthetic_batch(11, 1)))
+    assert status == 400 and b"max_request_rows (10)" in body, body
+    status, body = p.process(codec.encode_request(synthetic_batch(10, 1)))
+    assert status == 200, body
