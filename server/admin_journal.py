@@ -72,6 +72,9 @@ class AdminJournal:
             try:
                 if self.path.stat().st_size <= self._offset:
                     continue
+            except FileNotFoundError:  # the supervisor removed its run directory: it is stopping
+                return
+            try:
                 with self._lock, flocked(self.path, fcntl.LOCK_SH):
                     self._catch_up()
             except Exception:
