@@ -262,3 +262,30 @@ def test_a_worker_that_cannot_start_stops_the_server(dlrm_dir, tmp_path):
     assert proc.returncode == 2, stderr[-2000:]
     assert "tls_cert_file" in stderr and "before it listened" in stderr
     assert server_files(proc.pid) == []
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_drains_the_requests_in_flight_in_every_worker(toy_model, tmp_path):
+    """Slow requests spread over 2 workers (sp_requests_in_flight sums the live workers), SIGTERM
+    to the supervisor: every one completes with its answer, the server exits 0."""
+    from server.launcher import ServerProcess
+    from test_server_drain import ROWS, deployment as drain_deployment, start_slow_requests
+
+    server = ServerProcess({**drain_deployment(toy_model, 20.0), "workers": 2}, tmp_path).start(timeout=120)
+    try:
+        results, threads = start_slow_requests(server, 6)  # waits until the summed gauge shows all 6
+        server.terminate()
+        for t in threads:
+            t.join(60)
+        rc = server.proc.wait(40)
+    finally:
+        server.kill()
+    assert len(results) == 6
+    for result in results:
+        assert not isinstance(result, Exception), result
+        status, body = result
+        assert status == 200, body[:200]
+        assert codec.decode_response(body)["y"].shape == (ROWS, 1)
+    assert rc == 0, server.log()[-3000:]
+    log = server.log()
+    assert "draining 2 workers" in log and log.count("drained") >= 2
