@@ -1,9 +1,10 @@
 """Every ProcessorError code means the same on HTTP, gRPC and the C ABI (table-driven).
 
 A fake model raises ``ProcessorError(code)`` when a request acquires it; the same request goes
-through our HTTP endpoint, TF Serving REST, our gRPC service, TF Serving gRPC (real uvicorn and
-grpc servers on 127.0.0.1) and ``processor.abi.process``; each edge must report the code's
-meaning below (written out here, independently of ``STATUS_TABLE``) and the same message.
+through our HTTP endpoint, TF Serving REST, KServe v2 REST, our gRPC service, TF Serving gRPC,
+KServe v2 gRPC (real uvicorn and grpc servers on 127.0.0.1) and ``processor.abi.process``; each
+edge must report the code's meaning below (written out here, independently of
+``STATUS_TABLE``) and the same message.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ CODES = [c for c in StatusCode if c != StatusCode.OK]
 # code -> (HTTP status, gRPC status name, C ABI status)
 MEANING = {
     StatusCode.INVALID_ARGUMENT: (400, "INVALID_ARGUMENT", 400),
+    StatusCode.FAILED_PRECONDITION: (400, "FAILED_PRECONDITION", 400),  # TF Serving's missing signature
     StatusCode.NOT_FOUND: (404, "NOT_FOUND", 404),
-    StatusCode.RESOURCE_EXHAUSTED: (413, "RESOURCE_EXHAUSTED", 413),
+    StatusCode.RESOURCE_EXHAUSTED: (413, "RESOURCE_EXHAUSTED", 400),  # processor.h has no 413
     StatusCode.INTERNAL: (500, "INTERNAL", 500),
     StatusCode.UNAVAILABLE: (503, "UNAVAILABLE", 503),
     StatusCode.DEADLINE_EXCEEDED: (504, "DEADLINE_EXCEEDED", 504),
@@ -92,6 +94,16 @@ def grpc_tfs(channel, name: str) -> grpc.RpcError:
     return info.value
 
 
+def grpc_v2(channel, name: str) -> grpc.RpcError:
+    from processor.proto import grpc_predict_v2_pb2 as pb
+
+    request = pb.ModelInferRequest(model_name=name)
+    request.inputs.add(name="x", datatype="FP32", shape=[1, 1]).contents.fp32_contents.append(1.0)
+    with pytest.raises(grpc.RpcError) as info:
+        channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")(request.SerializeToString(), timeout=10)
+    return info.value
+
+
 def c_abi(code: StatusCode) -> tuple[int, bytes]:
     name = model_name(code)
     handle = Processor(name, ModelConfig(savedmodel_dir="/nonexistent"), {}, manager=FailingManager(name, code))
@@ -117,8 +129,11 @@ def test_code_means_the_same_on_every_edge(server, code):
     assert (status, body) == (http, {"error": message})
     status, body = http_post(app, f"/v1/models/{name}:predict", b'{"instances": [[1.0]]}')
     assert (status, body) == (http, {"error": message})
+    status, body = http_post(app, f"/v2/models/{name}/infer", json.dumps({"inputs": [
+        {"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}]}).encode())
+    assert (status, body) == (http, {"error": message})
 
-    for err in (grpc_ours(channel, name), grpc_tfs(channel, name)):
+    for err in (grpc_ours(channel, name), grpc_tfs(channel, name), grpc_v2(channel, name)):
         assert (err.code().name, err.details()) == (grpc_name, message)
 
     assert c_abi(code) == (c_status, message.encode())
