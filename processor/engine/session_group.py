@@ -100,14 +100,18 @@ class SessionGroup:
     def run(self, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]) -> list[np.ndarray]:
         """Run on the lane the policy picks for the calling thread; a request with more rows than
         the splitter's chunk runs split across the lanes (see the module doc)."""
+        splitter = self.splitter
+        if splitter is not None:
+            chunks = splitter.chunks(self.signature, feeds)
+            if chunks is not None:
+                with self._gate.shared():
+                    return splitter.run(self.signature, chunks, feeds, fetches, self.backend.run)
+        return self._run_whole(feeds, fetches)
+
+    def _run_whole(self, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]) -> list[np.ndarray]:
         gate = self._gate
         gate.enter_shared()  # not a `with`: this is the request path's hottest Python
         try:
-            splitter = self.splitter
-            if splitter is not None:
-                chunks = splitter.chunks(self.signature, feeds)
-                if chunks is not None:
-                    return splitter.run(self.signature, chunks, feeds, fetches, self.backend.run)
             return self.backend.run(self._policy.pick(), feeds, fetches)
         finally:
             gate.exit_shared()
@@ -121,7 +125,8 @@ class SessionGroup:
         reference results and errors. Raises ProcessorError.
         """
         wire = self._wire_server
-        if wire is not None and len(data) <= self._split_bytes:
+        whole = len(data) <= self._split_bytes  # too short to hold more rows than run whole
+        if wire is not None and whole:
             lane = self._policy.pick()
             gate = self._gate
             gate.enter_shared()
@@ -133,7 +138,7 @@ class SessionGroup:
                 return out
         codec = self.codec
         feeds, keys, aliases = codec.decode(data)
-        return codec.encode(keys, self.run(feeds, aliases))
+        return codec.encode(keys, (self._run_whole if whole else self.run)(feeds, aliases))
 
     @property
     def gate(self) -> UpdateGate:

@@ -95,7 +95,11 @@ class RowSplitter:
             free = self._free.setdefault(signature.name, tuple(
                 alias for alias, spec in signature.inputs.items()
                 if spec.shape is None or (spec.shape and spec.shape[0] == -1)))
-        rows = max((feeds[a].shape[0] for a in free if a in feeds and feeds[a].ndim), default=0)
+        rows = 0
+        for alias in free:  # a plain loop: every decoded request of a splitting model passes here
+            array = feeds.get(alias)
+            if array is not None and array.ndim and array.shape[0] > rows:
+                rows = array.shape[0]
         if rows <= self._limit:
             return None
         if self.max_rows is not None and rows > self.max_rows:
