@@ -29,6 +29,7 @@ Thread-safe: functions only; the cache is safe for concurrent processes.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -41,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import Internal
+from ...shared_segments import flocked
 from ...signature import Signature
 from ...store.model_version import ModelVersion
 from .signature import signature_from_manifest, signature_of_onnx, signature_to_manifest
@@ -105,6 +107,17 @@ def prepare(savedmodel_dir: str, version: ModelVersion, signature_name: str) -> 
     if manifest_path.is_file():
         return PreparedModel(final, json.loads(manifest_path.read_text()), cache_hit=True)
     cache_root().mkdir(parents=True, exist_ok=True)
+    # one converter per entry: the workers of a server (or several servers) loading the same
+    # version wait for the first one and then read its entry
+    with flocked(cache_root() / f".{key}.lock", fcntl.LOCK_EX):
+        if manifest_path.is_file():
+            return PreparedModel(final, json.loads(manifest_path.read_text()), cache_hit=True)
+        return _convert(savedmodel_dir, version, signature_name, onnx_file, key, final)
+
+
+def _convert(savedmodel_dir: str, version: ModelVersion, signature_name: str, onnx_file: str | None,
+             key: str, final: Path) -> PreparedModel:
+    manifest_path = final / "manifest.json"
     work = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=cache_root()))
     try:
         if onnx_file:
