@@ -144,9 +144,10 @@ class Server:
         os.unlink(self.log.name)
 
 
-def our_server(work: Path, models: list[dict], http_port: int, grpc_port: int) -> Server:
+def our_server(work: Path, models: list[dict], http_port: int, grpc_port: int, **keys) -> Server:
+    """``python -m server`` with the deployment's defaults but ``models``, the ports and ``keys``."""
     deployment = work / f"deployment-{http_port}.json"
-    deployment.write_text(json.dumps({"models": models, "http_port": http_port, "grpc_port": grpc_port}))
+    deployment.write_text(json.dumps({"models": models, "http_port": http_port, "grpc_port": grpc_port, **keys}))
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     server = Server([sys.executable, "-m", "server", "--config", str(deployment)], env=env)
     wait_http(f"http://127.0.0.1:{http_port}/readyz", server.proc)
@@ -233,6 +234,19 @@ def bench(args) -> dict:
                 print(f"ours {edge} batch {b}: {r['req_per_s']:.0f}/s p99 {r['p99_ms']:.1f} ms, "
                       f"{r['cpu_us_per_request']:.0f} us/req, errors {r['errors']}", flush=True)
 
+    # the same server without its access log's successful lines (written off the request's
+    # thread, but on a 2-core machine the writer's CPU is the requests' CPU too)
+    http_port, grpc_port = free_port(), free_port()
+    with our_server(work, [{"name": MODEL, "model_config": config}], http_port, grpc_port,
+                    access_log=False) as server:
+        for edge in ("HTTP ours", "gRPC ours"):
+            path, body, headers = requests[1][edge]
+            port = grpc_port if edge in GRPC_EDGES else http_port
+            r = load(edge, port, server.proc.pid, path, body, headers, args.seconds)
+            rows.append({"server": "ours, access_log false", "edge": edge, "batch": 1, **r})
+            print(f"ours (no access log) {edge} batch 1: {r['req_per_s']:.0f}/s, "
+                  f"{r['cpu_us_per_request']:.0f} us/req", flush=True)
+
     if not args.skip_batching:
         rows.extend(edge_batching(work, args.seconds))
     return {"machine": machine(), "seconds": args.seconds, "rows": rows}
@@ -299,6 +313,8 @@ def report(result: dict) -> str:
     http1 = find("ours", "HTTP ours", 1)
     target("batch 1: HTTP ours / process() (2 threads)", ratio(http1, limit[1]), 0.5)
     target("batch 1: HTTP ours server CPU us/request", http1 and http1["cpu_us_per_request"], 120, more=False)
+    quiet = find("ours, access_log false", "HTTP ours", 1)
+    target("batch 1: the same, access_log false", quiet and quiet["cpu_us_per_request"], 120, more=False)
     target("batch 1: gRPC ours / bare grpcio floor (sync)", ratio(find("ours", "gRPC ours", 1),
                                                                    find("floor", "gRPC floor (sync)", 1)), 0.8)
     for edge in ("HTTP ours", "gRPC ours"):
