@@ -71,3 +71,15 @@ def run_threads(worker: Callable[[int], None], threads: int) -> None:
         t.start()
     for t in pool:
         t.join()
+
+
+def versions_answered(responses: Sequence[np.ndarray], references: Sequence[np.ndarray],
+                      atol: float = FLOAT_ATOL) -> set[int]:
+    """The indices of the published versions (``references``, one array per version) that
+    answered ``responses``; fails on a response equal to none of them (it mixed versions)."""
+    answered = set()
+    for r in responses:
+        match = [i for i, ref in enumerate(references) if np.allclose(r, ref, rtol=FLOAT_RTOL, atol=atol)]
+        assert match, "a response equals no published version: it mixed versions"
+        answered.add(match[0])
+    return answered

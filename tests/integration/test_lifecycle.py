@@ -150,11 +150,7 @@ def test_steady_load_during_updates_zero_failures_consistent_versions(ctr, train
         c.join()
     assert final, label(p)
     assert failures == []
-    answered_by = set()
-    for r in responses:
-        match = [i for i, ref in enumerate(references) if np.allclose(r, ref, rtol=1e-5, atol=1e-6)]
-        assert match, "mixed version"
-        answered_by.add(match[0])
+    answered_by = sp_checks.versions_answered(responses, references)
     assert len(answered_by) >= 2, answered_by  # requests were answered before and after updates
     assert across_swaps, "no request was in flight while a version was swapped in"
     info = p.model_info()["updates"]
