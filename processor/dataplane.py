@@ -129,6 +129,26 @@ class DataPlane:
             self._inlined[model] = result is not None
         return result
 
+    def runs_in_place(self, model: str) -> bool:
+        """Whether ``model``'s small requests may run on the caller's own thread, an event loop:
+        its served group runs the engine natively (fast, without the GIL while it runs) and
+        nothing makes a request wait (batching) or slow (tracing). For edges that decode on the
+        caller's thread (KServe v2, TF Serving REST): there a small request costs less than
+        the hop to a pool. False for an unknown or unserved model."""
+        if model in self._batching or model in self._tracers:
+            return False
+        manager = self._managers.get(model)
+        if manager is None:
+            return False
+        try:
+            handle = manager.acquire_handle()
+        except ProcessorError:
+            return False
+        try:
+            return handle.group.serves_natively
+        finally:
+            handle.release()
+
     def inline_hint(self, model: str) -> bool:
         """Whether the last :meth:`try_inline` of ``model`` ran in place: a hint for an edge
         that must decide before the request's body arrives (the HTTP connection's own fast

@@ -105,6 +105,12 @@ class PredictRoutes:
         self.json_budget = MemoryBudget(getattr(dep, "json_decode_memory_bytes", DEFAULT_BUDGET))
         self._more: list[tuple[re.Pattern, Callable[[re.Match, Receive, list], Awaitable[Reply]]]] = []
 
+    def in_place(self, model: str, body: bytes | bytearray) -> bool:
+        """Whether a request decoded on the caller's thread (JSON, KServe v2) runs on the event
+        loop rather than the model's pool: a body of at most ``inline_max_request_bytes`` for a
+        model that runs in place (``DataPlane.runs_in_place``)."""
+        return len(body) <= self.inline_bytes and self.rt.dataplane.runs_in_place(model)
+
     def add(self, pattern: re.Pattern, handler: Callable[[re.Match, Receive, list], Awaitable[Reply]]) -> None:
         """Answer POSTs whose path matches ``pattern`` with ``handler(match, receive, headers)``
         on this fast path (another protocol's inference route: KServe v2's ``infer``)."""
@@ -178,8 +184,10 @@ class PredictRoutes:
             wanted = None if version is None else parse_version(version)
             with self.json_budget.hold() as hold:
                 body = await read_body(receive, headers, self.json_limit, hold, self.json_setting)
-                return Reply(200, await self.rt.run(name, tfs_predict, self.rt, name, wanted, label, method,
-                                                    body, deadline, self.json_limits, hold))
+                args = (self.rt, name, wanted, label, method, body, deadline, self.json_limits, hold)
+                if self.in_place(name, body):
+                    return Reply(200, tfs_predict(*args))
+                return Reply(200, await self.rt.run(name, tfs_predict, *args))
         return await tracked(self.rt, name, f"tfs_{method}", work, error_reply)
 
 

@@ -102,8 +102,10 @@ def register(app, rt: ServingRuntime, errors: dict, routes: PredictRoutes) -> No
             with routes.json_budget.hold() as hold:
                 body = await read_body(receive, headers, limit, hold, setting)
                 limits = BodyLimits(limit, setting, routes.json_limits.max_elements, hold)
-                return await rt.run(model, infer_http, rt, model, version, body, header_length, deadline,
-                                    limits, encoding)
+                args = (rt, model, version, body, header_length, deadline, limits, encoding)
+                if encoding is None and routes.in_place(model, body):
+                    return infer_http(*args)
+                return await rt.run(model, infer_http, *args)
         return await tracked(rt, model, "v2_infer", work, error_reply)
 
     routes.add(INFER_PATH, infer)
