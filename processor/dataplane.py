@@ -46,7 +46,8 @@ from .batching.model_batching import ModelBatching
 from .prediction_log import PredictionLogger
 from .prediction_log.record import Pending
 from .errors import DeadlineExceeded, ProcessorError, as_processor_error, result_or_error
-from .request import PredictCall, PredictResult, Served, check_served, requested_version
+from .request import (PredictCall, PredictResult, Served, check_served, requested_version, wire_call,
+                      wire_result)
 from .served_model import ModelRegistry
 from .tracing import TraceRecorder
 from .tracing.tracer import now_us
@@ -82,14 +83,15 @@ class DataPlane:
         whole-request path, or the native codec around the engine call); every other call
         goes through :meth:`_answer`.
         """
-        model, _, version, label, _, _, deadline, _ = call  # unpacked, not field by field: the hot path
-        if deadline is not None:
-            _check_deadline(model, deadline)
+        model = call.model
+        if call.deadline is not None:
+            _check_deadline(model, call.deadline)
         manager = self._managers.get(model)
         if manager is None:
             self._registry.get(model)  # raises NotFound with the list of models
-        if label is not None:
-            version = requested_version(model, version, label, self._labels[model])
+        version = call.version
+        if call.label is not None:
+            version = requested_version(model, version, call.label, self._labels[model])
         rec = self._begin_trace(model) if self._tracers else None
         if self._loggers:
             logger = self._loggers.get(model)
@@ -202,12 +204,11 @@ class DataPlane:
                 return None
             if pending is not None:
                 pending.group = group
-            model, inputs, _, _, signature_name, _, _, _ = call
-            if version is not None or signature_name:
-                group = _check_call(model, group, version, signature_name)
-            if rec is None and inputs.__class__ in _WIRE and inputs and model not in self._batching:
-                # tuple.__new__: a named tuple's own constructor costs ~0.15 us more, per request
-                return tuple.__new__(PredictResult, (group.serve(inputs), group.version, group.signature, False))
+            if version is not None or call.signature_name:
+                group = _check_call(call.model, group, version, call.signature_name)
+            inputs = call.inputs
+            if rec is None and inputs.__class__ in _WIRE and inputs and call.model not in self._batching:
+                return wire_result(group.serve(inputs), group.version, group.signature)
             return self._answer(call, group, rec, pending)
         except ProcessorError:
             raise
@@ -301,7 +302,7 @@ class DataPlane:
             handle.release()
 
     def _predict_wire(self, name: str, data: bytes | memoryview) -> bytes:
-        return self.predict(PredictCall(name, data)).outputs
+        return self.predict(wire_call(name, data)).outputs
 
     def served(self, name: str, version: int | None = None, label: str | None = None) -> Served:
         """What serves ``name`` (metadata calls), read in one acquire; NOT_FOUND when ``version``

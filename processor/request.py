@@ -75,6 +75,24 @@ class PredictResult(NamedTuple):
         return version_number(self.version)
 
 
+# The request path's two constructors. A named tuple's generated constructor fills the defaults
+# in a Python frame of its own; these build the tuple directly, their class bound once (counted
+# with cachegrind: the generated constructor runs about a third more instructions, ~0.1 us a
+# request). Everything else constructs ordinarily.
+
+def wire_call(model: str, data: bytes | bytearray | memoryview, _new=tuple.__new__,
+              _cls=PredictCall) -> PredictCall:
+    """``PredictCall(model, data)``: serialized bytes, no options (the C ABI's ``process``).
+    Equal to the ordinary construction (tests/unit/test_request.py keeps the defaults in step)."""
+    return _new(_cls, (model, data, None, None, "", None, None, True))
+
+
+def wire_result(outputs: Any, version: Any, signature: Signature, _new=tuple.__new__,
+                _cls=PredictResult) -> PredictResult:
+    """``PredictResult(outputs, version, signature)``: the hot path's answer to a wire request."""
+    return _new(_cls, (outputs, version, signature, False))
+
+
 class Served(NamedTuple):
     """What serves a model (metadata calls): its version, default signature, engine name and
     every signature it serves by name (the default one included)."""

@@ -191,6 +191,36 @@ class PredictRoutes:
         return await tracked(self.rt, name, f"tfs_{method}", work, error_reply)
 
 
+class TfsJsonInputs:
+    """The inputs of a TF Serving REST predict: its parsed JSON body, a decoder of the served
+    signature (the DataPlane calls it once, inside its acquire). After the call, ``format`` is
+    the request's format (row or columnar; the reply is written in it). Once decoded, the
+    parsed JSON is dropped and a large body's buffer (read_body's, ours) cleared, so their
+    memory goes before the reply is written, not after. Used by one request's thread."""
+
+    __slots__ = ("request", "signature_name", "format", "_body", "_charge")
+
+    def __init__(self, request: tfs_json.Request, body: bytes | bytearray,
+                 charge: Callable[[int], None] | None) -> None:
+        self.request: tfs_json.Request | None = request
+        self.signature_name = request.signature_name
+        self.format = None
+        self._body = body if isinstance(body, bytearray) and len(body) >= tfs_json.SMALL_BODY else None
+        self._charge = charge
+
+    def __call__(self, signature: Signature):
+        request, self.request = self.request, None
+        arrays, self.format = tfs_json.decode_request(request, signature, self._charge)
+        del request  # decoded: the parsed JSON's memory goes now
+        if self._body is not None:
+            try:
+                self._body.clear()
+            except BufferError:  # pragma: no cover - a view of it is still alive
+                pass
+            self._body = None
+        return arrays
+
+
 def tfs_predict(rt: ServingRuntime, name: str, version: int | None, label: str | None, method: str,
                 body: bytes | bytearray, deadline: float | None = None,
                 limits: tfs_json.Limits = tfs_json.Limits(), hold: Hold | None = None) -> bytes | bytearray:
@@ -200,29 +230,15 @@ def tfs_predict(rt: ServingRuntime, name: str, version: int | None, label: str |
         return tfs_classify_regress(rt, name, version, label, method, body, deadline, limits.max_depth)
     size = len(body)
     try:
-        request = tfs_json.parse_request(body, limits)
-        fmt = None
-
-        def decode(signature: Signature):
-            """The JSON's arrays for the served signature (the DataPlane calls it in its acquire)."""
-            nonlocal request, fmt
-            arrays, fmt = tfs_json.decode_request(request, signature, hold.charge if hold else None)
-            request = None  # decoded: the parsed JSON's memory goes now, not after the reply
-            if isinstance(body, bytearray) and size >= tfs_json.SMALL_BODY:
-                try:
-                    body.clear()  # read_body's buffer, ours
-                except BufferError:  # pragma: no cover - a view of it is still alive
-                    pass
-            return arrays
-
+        inputs = TfsJsonInputs(tfs_json.parse_request(body, limits), body, hold.charge if hold else None)
         try:
-            outputs = rt.dataplane.predict(PredictCall(name, decode, version=version, label=label,
-                                                       signature_name=request.signature_name,
+            outputs = rt.dataplane.predict(PredictCall(name, inputs, version=version, label=label,
+                                                       signature_name=inputs.signature_name,
                                                        deadline=deadline, check_shapes=False)).outputs
         except SignatureNotFound as exc:  # TF Serving's REST wording
             raise InvalidArgument(f"Serving signature name: {json.dumps(exc.name[:80])} not found in "
                                   f"signature def") from None
-        return tfs_json_encode.encode_predict(outputs, fmt)
+        return tfs_json_encode.encode_predict(outputs, inputs.format)
     finally:
         if size >= tfs_json.SMALL_BODY:
             trim_heap()  # hand the freed decode memory back to the OS
