@@ -38,7 +38,7 @@ import numpy as np
 
 from benchmarks import native_load
 from benchmarks.common import run_threads, write_results
-from benchmarks.peers import MODEL, free_port, wait_http
+from benchmarks.peers import MODEL, free_port, tfs_grpc_request, wait_http
 from benchmarks.v2_wire import HEADER_LENGTH, MODEL_INFER, v2_binary_request, v2_grpc, v2_grpc_request, v2_http, v2_json_request
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,17 +72,6 @@ def bodies(feeds: dict[str, np.ndarray]) -> dict[str, tuple[str, bytes, dict[str
         "TF Serving gRPC": ("/tensorflow.serving.PredictionService/Predict", tfs_grpc_request(feeds), {}),
         "v2 gRPC": (MODEL_INFER, v2_grpc_request(feeds), {}),
     }
-
-
-def tfs_grpc_request(feeds) -> bytes:
-    import tensorflow as tf
-    from tensorflow_serving.apis import predict_pb2
-
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = MODEL
-    for key, array in feeds.items():
-        request.inputs[key].CopyFrom(tf.make_tensor_proto(array))
-    return request.SerializeToString()
 
 
 def answer(edge: str, http: str, grpc_target: str, path: str, body: bytes, headers: dict) -> np.ndarray:

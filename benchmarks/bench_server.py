@@ -52,7 +52,7 @@ import numpy as np
 
 from benchmarks.common import loadgen_command
 from benchmarks.peers import (MODEL, OUTPUTS, TRITON_PEER, check_same, free_port, peer_tool, peer_versions, post_json,
-                              triton_python, triton_server, wait_http)
+                              tfs_grpc_request, triton_python, triton_server, wait_http)
 from benchmarks.server_report import report
 from benchmarks.v2_wire import (HEADER_LENGTH, MODEL_INFER, v2_binary_request, v2_grpc, v2_grpc_request, v2_http,
                                 v2_json_request)
@@ -96,7 +96,7 @@ def payloads(batch: int, workdir: Path) -> dict:
     files = {
         "eas": codec.encode_request(feeds),
         "tfs_json": json.dumps({"instances": rows}).encode(),
-        "tfs_grpc": _tfs_grpc_request(feeds),
+        "tfs_grpc": tfs_grpc_request(feeds),
         "kserve_v1": json.dumps({"instances": rows}).encode(),
         "v2_json": v2_json_request(feeds),
         "v2_binary": v2_binary,
@@ -114,17 +114,6 @@ def payloads(batch: int, workdir: Path) -> dict:
     out["peer_npz"] = workdir / f"peer-feeds-{batch}.npz"
     np.savez(out["peer_npz"], **{k: (fingerprint(v) if v.dtype == object else v) for k, v in feeds.items()})
     return out
-
-
-def _tfs_grpc_request(feeds) -> bytes:
-    import tensorflow as tf
-    from tensorflow_serving.apis import predict_pb2
-
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = MODEL
-    for key, array in feeds.items():
-        request.inputs[key].CopyFrom(tf.make_tensor_proto(array))
-    return request.SerializeToString()
 
 
 def process_answers(config: dict, bodies: dict, name: str) -> tuple[dict, dict]:

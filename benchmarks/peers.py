@@ -46,6 +46,18 @@ def check_same(what: str, got: dict, want: dict[str, np.ndarray], atol: float = 
 
 # --- ports and readiness -------------------------------------------------------------------------
 
+def tfs_grpc_request(feeds) -> bytes:
+    """A serialized TF Serving ``PredictRequest`` for ``feeds`` (``tensor_content``), model MODEL."""
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2
+
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = MODEL
+    for key, array in feeds.items():
+        request.inputs[key].CopyFrom(tf.make_tensor_proto(array))
+    return request.SerializeToString()
+
+
 def free_port() -> int:
     """A TCP port free on the loopback now (the server binding it may still race another)."""
     with socket.socket() as s:

@@ -49,6 +49,16 @@ def ctr_model_small(tmp_path_factory):
     return build_ctr_model(tmp_path_factory.mktemp("ctr") / "model", preset="small", versions=2)
 
 
+@pytest.fixture
+def redis():
+    """A redis-server of the test's own on a free loopback port, stopped after it."""
+    from processor.features.local_redis import LocalRedis
+
+    server = LocalRedis()
+    yield server
+    server.close()
+
+
 def model_config(paths, **overrides) -> dict:
     """A DeepRec-style model_config for a demo.layout.ModelPaths (see demo.paths.model_config)."""
     from demo.paths import model_config as base_config

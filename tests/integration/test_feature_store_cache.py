@@ -17,6 +17,7 @@ import pytest
 from conftest import model_config, plain_tf_predict
 from processor import codec
 from processor.features.local_redis import LocalRedis, redis_server_binary
+from sp_checks import assert_outputs_close
 from processor.features.native_rows import AVAILABLE
 from unit.features.helpers import copy_model, label, publish_delta, publish_full, read_all, served, store_tables, \
     wait_for
@@ -26,17 +27,6 @@ needs_redis = pytest.mark.skipif(redis_server_binary() is None,
 # Served logits with float16 tables against float32 TensorFlow: the rows differ by at most
 # 2**-11 of their magnitude (measured and reported in model info), the logits by far less.
 F16_TOL = dict(rtol=1e-2, atol=2e-3)
-
-
-@pytest.fixture
-def redis():
-    server = LocalRedis()
-    yield server
-    server.close()
-
-
-def _close(got, want):
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def _whole_table_delta(full: dict[str, np.ndarray], step: int, tables=("embeddings/C1", "embeddings/C2")):
@@ -75,7 +65,7 @@ def test_delta_under_load_with_the_cache_serves_one_version_per_response(ctr_mod
     old = plain_tf_predict(model.savedmodel_dir, model.latest_checkpoint_prefix, feeds)["logits"]
     new = plain_tf_predict(model.savedmodel_dir, publish_full(tmp_path / "r1", 1, after), feeds)["logits"]
     assert np.abs(old - new).max() > 1e-2  # the versions are told apart
-    _close(served(p, feeds)["logits"], old)
+    assert_outputs_close({"logits": served(p, feeds)["logits"]}, {"logits": old})
     results: list[tuple[str, np.ndarray]] = []
     stop = threading.Event()
 
@@ -107,7 +97,7 @@ def test_delta_under_load_with_the_cache_serves_one_version_per_response(ctr_mod
         olds, news = olds + is_old, news + is_new
     assert olds and news
     for _, logits in results[seen:]:  # requests that began after the switch: the new version only
-        _close(logits, new)
+        assert_outputs_close({"logits": logits}, {"logits": new})
     info = store_tables(p).describe()
     assert info["lookups"]["cache_hit_rate"] > 0.5 and info["cache"]["policy"].startswith("CLOCK")
     # The store metrics moved with the requests and reach /metrics.
