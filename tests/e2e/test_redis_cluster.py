@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import model_config, plain_tf_predict
+from sp_checks import FLOAT_ATOL, FLOAT_RTOL, assert_outputs_close
 from processor.features.local_redis import LocalRedisCluster, redis_server_binary
 from unit.features.helpers import copy_model, label, publish_delta, publish_full, read_all, row_delta, served, \
     store_tables, wait_for
@@ -34,8 +35,7 @@ def test_two_processors_share_one_cluster(ctr_model_small, cluster, tmp_path, ma
     want = plain_tf_predict(model.savedmodel_dir, model.latest_checkpoint_prefix, feeds)
     for p in (first, second):
         got = served(p, feeds)
-        for key in want:
-            np.testing.assert_allclose(got[key], want[key], rtol=1e-6, atol=1e-7)
+        assert_outputs_close({k: got[k] for k in want}, want, "store-served vs plain TensorFlow")
     loaded_by = sorted(p.model_info()["session_group"]["embedding"]["store"]["loaded_by"] for p in (first, second))
     assert loaded_by == ["another replica", "this replica"]
     version = f"run_1-{model.steps[-1]}"
@@ -58,7 +58,7 @@ def test_two_processors_share_one_cluster(ctr_model_small, cluster, tmp_path, ma
         try:
             for _ in range(20):
                 got = served(p, feeds)
-                np.testing.assert_allclose(got["logits"], want["logits"], rtol=1e-6, atol=1e-7)
+                np.testing.assert_allclose(got["logits"], want["logits"], rtol=FLOAT_RTOL, atol=FLOAT_ATOL)
         except AssertionError as exc:
             errors.append(str(exc))
 

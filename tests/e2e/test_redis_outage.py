@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import model_config, plain_tf_predict
+from sp_checks import FLOAT_ATOL, FLOAT_RTOL
 from processor import codec
 from processor.features.local_redis import LocalRedis, redis_server_binary
 
@@ -64,7 +65,7 @@ def test_outage_gives_503_then_recovers_without_restart(ctr_model_small, make_pr
         assert info["failed_fast"] >= len(fast) > 0
         # After the outage every answer is right again (Redis was refilled from the checkpoint).
         last = codec.decode_response(results[-1][1])
-        np.testing.assert_allclose(last["logits"], want["logits"], rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(last["logits"], want["logits"], rtol=FLOAT_RTOL, atol=FLOAT_ATOL)
         assert info["state"] == "up" and info["refills"] == 1 and info["outages"] >= 1
         assert p.model_info()["state"] == "ready"
     finally:

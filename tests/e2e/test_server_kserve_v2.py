@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import model_config
+from sp_checks import FLOAT_ATOL, FLOAT_RTOL
 from processor import codec
 
 tritonclient = pytest.importorskip("tritonclient", reason="tritonclient is a dev dependency (scripts/setup.sh)")
@@ -103,7 +104,8 @@ def assert_outputs(result, want: dict[str, np.ndarray]) -> None:
         got = result.as_numpy(name)
         assert got is not None, name
         assert got.shape == array.shape and got.dtype == array.dtype, (name, got.shape, got.dtype)
-        np.testing.assert_allclose(got, array, rtol=1e-6, atol=1e-7)
+        # the server's process against this one's reference
+        np.testing.assert_allclose(got, array, rtol=FLOAT_RTOL, atol=FLOAT_ATOL)
 
 
 @pytest.mark.parametrize("model", ["toy", "demo", "demo_tf"])
@@ -168,7 +170,7 @@ def test_plain_v2_json_as_kserve_sends_it(server, reference):
     (out,) = doc["outputs"]
     want = expected(reference, "toy", {"x": TOY_X})["y"]
     assert out["name"] == "y" and out["datatype"] == "FP32" and out["shape"] == [3, 1]
-    np.testing.assert_allclose(np.array(out["data"], np.float32).reshape(3, 1), want, rtol=1e-6)
+    np.testing.assert_allclose(np.array(out["data"], np.float32).reshape(3, 1), want, rtol=FLOAT_RTOL, atol=FLOAT_ATOL)
     # nested data and a version in the path
     body = json.dumps({"inputs": [{"name": "x", "shape": [3, 1], "datatype": "FP32", "data": TOY_X.tolist()}]}).encode()
     assert post(server, "/v2/models/toy/versions/1/infer", body)[0] == 200
@@ -234,5 +236,5 @@ def test_binary_tensors_round_trip_bytes_and_fp32(server, reference):
         size = out["parameters"]["binary_data_size"]
         array = np.frombuffer(raw[at:at + size], np.float32).reshape(out["shape"])
         at += size
-        np.testing.assert_allclose(array, want[out["name"]], rtol=1e-6)
+        np.testing.assert_allclose(array, want[out["name"]], rtol=FLOAT_RTOL, atol=FLOAT_ATOL)
     assert at == len(raw) and {o["name"] for o in doc["outputs"]} == set(want)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from conftest import model_config, plain_tf_predict
+from sp_checks import assert_outputs_close
 from unit.features.helpers import (ID_TABLES, copy_model, label, publish_delta, publish_full, read_all,
                                    row_delta, served, store_tables, wait_for)
 
@@ -23,8 +24,7 @@ def want(ctr_model_small, feeds):
 
 
 def _close(got, want):
-    for key in want:
-        np.testing.assert_allclose(got[key], want[key], rtol=1e-6, atol=1e-7)
+    assert_outputs_close({k: got[k] for k in want}, want, "store-served vs plain TensorFlow")
 
 
 def test_dram_store_equals_plain_tensorflow_and_takes_deltas(ctr_model_small, feeds, want, tmp_path,
