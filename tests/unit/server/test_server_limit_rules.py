@@ -68,7 +68,7 @@ def test_bad_limit_names_the_key(key, value):
 # --- admin gate ---------------------------------------------------------------------------------
 
 def test_admin_gate():
-    from server.http.app import AdminGate
+    from server.http.admin import AdminGate
 
     off = AdminGate(None)
     status, message = off.check("Bearer anything", "anything")
@@ -84,7 +84,7 @@ def test_admin_gate():
 def test_admin_token_compared_in_constant_time(monkeypatch):
     import hmac
 
-    from server.http import app as http_app
+    from server.http import admin as http_admin
 
     seen = []
     compare = hmac.compare_digest
@@ -93,8 +93,8 @@ def test_admin_token_compared_in_constant_time(monkeypatch):
         seen.append((len(a), len(b)))
         return compare(a, b)
 
-    monkeypatch.setattr(http_app.hmac, "compare_digest", spy)
-    gate = http_app.AdminGate("s3cret-token")
+    monkeypatch.setattr(http_admin.hmac, "compare_digest", spy)
+    gate = http_admin.AdminGate("s3cret-token")
     assert gate.check("Bearer x")[0] == 403 and gate.check("Bearer s3cret-token") is None
     assert seen == [(32, 32), (32, 32)]  # digests: the token's length does not show either
 

@@ -12,7 +12,7 @@ from processor.errors import InvalidArgument, NotFound
 from processor.signature import Signature, TensorSpec
 from processor.store.model_version import ModelVersion
 from server.http import tfs_json, tfs_json_encode
-from server.http.app import _STATUS_PATH
+from server.http.tfs_routes import STATUS_PATH
 from server.http.predict import PREDICT_PATH as _PREDICT_PATH
 
 TOY = Signature("serving_default", {"x": TensorSpec("x", "x:0", DT_FLOAT, (-1, 1))},
@@ -148,7 +148,7 @@ def test_predict_path_rejects(path):
     ("/v1/models/toy/metadata", ("toy", None, None, "metadata")),
 ])
 def test_status_path_grammar(path, groups):
-    assert _STATUS_PATH.match(path).groups() == groups
+    assert STATUS_PATH.match(path).groups() == groups
 
 
 def test_version_rules():

@@ -223,7 +223,7 @@ def test_https_context_follows_reloads(pki, ca):
 # --- admin gate ------------------------------------------------------------------------------------
 
 def test_admin_gate_accepts_a_client_certificate_instead_of_the_token():
-    from server.http.app import AdminGate
+    from server.http.admin import AdminGate
 
     gate = AdminGate("a-long-token", cert_names=())
     assert gate.check("", "", ("any-client",)) is None

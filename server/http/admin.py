@@ -1,0 +1,130 @@
+"""Admin endpoints: ``POST /admin/models/{model}/reload``, ``POST /admin/models/{model}/rollback``,
+``PUT|DELETE /admin/models/{model}/pin``, and who may call them (:class:`AdminGate`). Every admin
+call is logged with the caller's address; the work runs on the default executor, never on the
+event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import hashlib
+import hmac
+import logging
+from collections.abc import Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, Field
+
+from ..runtime import ServingRuntime
+from .errors import ADMIN_ERRORS, error_response
+
+log = logging.getLogger("server.http")
+
+
+class PinBody(BaseModel):
+    version: int = Field(ge=0, description="the step to serve: a full checkpoint step, or a delta step "
+                                           "(its full plus that delta)")
+
+
+class RollbackBody(BaseModel):
+    version: int | None = Field(None, ge=0, description="version to serve; omitted: the previous one")
+
+
+def register(app: FastAPI, rt: ServingRuntime) -> None:
+    """Add the admin routes to ``app``, behind the deployment's :class:`AdminGate`."""
+    dep = rt.deployment
+    gate = AdminGate(rt.admin_token, dep.admin_allow_without_token,
+                     tuple(dep.admin_client_cert_names) if dep.admin_client_cert else None)
+
+    async def admin(request: Request, model: str, action: str, fn: Callable[[str], dict]) -> Response:
+        caller = _caller(request)
+        tls = request.scope.get("extensions", {}).get("tls", {})  # server/http/protocol.py
+        denied = gate.check(request.headers.get("authorization", ""), request.headers.get("x-admin-token", ""),
+                            tls.get("client_cert_names"))
+        if denied is not None:
+            status, message = denied
+            log.warning("admin %s of %s by %s refused (%d): %s", action, model, caller, status, message,
+                        extra={"client": caller, "model": model})
+            headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+            return JSONResponse({"error": message}, status_code=status, headers=headers)
+        log.info("admin %s of %s requested by %s", action, model, caller, extra={"client": caller, "model": model})
+        try:
+            rt.model(model)  # NotFound for an unknown model
+            ctx = contextvars.copy_context()
+            result = await asyncio.get_running_loop().run_in_executor(None, ctx.run, fn, caller)
+        except Exception as exc:
+            return error_response(exc)
+        return JSONResponse(result)
+
+    @app.post("/admin/models/{model}/reload", tags=["admin"], responses=ADMIN_ERRORS,
+              summary="Load the version the model store names now")
+    async def admin_reload(model: str, request: Request) -> Response:
+        return await admin(request, model, "reload", lambda caller: rt.reload(model, caller=caller))
+
+    @app.post("/admin/models/{model}/rollback", tags=["admin"], responses=ADMIN_ERRORS,
+              summary="Serve a given version, or the previous one")
+    async def admin_rollback(model: str, request: Request, body: RollbackBody | None = None) -> Response:
+        version = body.version if body else None
+        return await admin(request, model, "rollback", lambda caller: rt.rollback(model, version, caller=caller))
+
+    @app.put("/admin/models/{model}/pin", tags=["admin"], responses=ADMIN_ERRORS,
+             summary="Pin a version (no automatic updates)")
+    async def admin_pin(model: str, body: PinBody, request: Request) -> Response:
+        return await admin(request, model, "pin", lambda caller: rt.pin(model, body.version, caller=caller))
+
+    @app.delete("/admin/models/{model}/pin", tags=["admin"], responses=ADMIN_ERRORS,
+                summary="Unpin: follow the newest version again")
+    async def admin_unpin(model: str, request: Request) -> Response:
+        return await admin(request, model, "unpin", lambda caller: rt.unpin(model, caller=caller))
+
+
+class AdminGate:
+    """Who may call the admin endpoints.
+
+    With a token: a request must carry it (``Authorization: Bearer <token>`` or
+    ``X-Admin-Token``); missing is 401, wrong is 403. Both sides are hashed before the
+    constant-time comparison, so neither the content nor the length of the token leaks through
+    timing. Without a token: 403 for everyone, unless ``allow_without_token`` (which the
+    deployment allows only on a loopback host).
+
+    ``cert_names`` (``admin_client_cert``): a request over a connection with a verified client
+    certificate is allowed without the token when the certificate names one of them (an empty
+    tuple: any certificate the client CA signed); None: certificates do not count.
+    """
+
+    def __init__(self, token: str | None, allow_without_token: bool = False,
+                 cert_names: tuple[str, ...] | None = None) -> None:
+        self._digest = hashlib.sha256(token.encode()).digest() if token else None
+        self.allow_without_token = allow_without_token
+        self.cert_names = cert_names
+
+    def check(self, authorization: str, x_admin_token: str = "",
+              client_cert_names: tuple[str, ...] | None = None) -> tuple[int, str] | None:
+        """None when allowed, else (HTTP status, message)."""
+        if self.cert_names is not None and client_cert_names is not None:
+            if not self.cert_names or set(client_cert_names) & set(self.cert_names):
+                return None
+        if self._digest is None:
+            if self.allow_without_token:
+                return None
+            if self.cert_names is not None:
+                return 403, ("admin endpoints need a client certificate "
+                             + ("naming one of admin_client_cert_names" if self.cert_names else
+                                "signed by tls_client_ca_file") + " (admin_client_cert)")
+            return 403, ("admin endpoints are disabled: no admin token is configured (set admin_token_env "
+                         "in the deployment config, or admin_allow_without_token on a loopback-only host)")
+        given = x_admin_token or ""
+        if authorization[:7].lower() == "bearer ":
+            given = authorization[7:].strip()
+        if not given:
+            return 401, "admin token required: send 'Authorization: Bearer <token>'"
+        if not hmac.compare_digest(hashlib.sha256(given.encode("utf-8", "surrogateescape")).digest(),
+                                   self._digest):
+            return 403, "admin token rejected"
+        return None
+
+
+def _caller(request: Request) -> str:
+    client = request.client
+    return f"{client.host}:{client.port}" if client else "unknown"
