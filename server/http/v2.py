@@ -3,7 +3,7 @@
 ``GET /v2`` (server metadata), ``GET /v2/models/{m}[/versions/{v}]`` (model metadata),
 ``GET /v2/models/{m}/versions/{v}/ready``, ``POST /v2/models/{m}[/versions/{v}]/infer``; the
 health routes (``/v2/health/live|ready``, ``/v2/models/{m}/ready``) are the server's probes
-(:mod:`server.http.app`). Infer bodies are JSON, or JSON followed by binary tensor data with an
+(:mod:`server.http.probe_routes`). Infer bodies are JSON, or JSON followed by binary tensor data with an
 ``Inference-Header-Content-Length`` header (the binary tensor extension: an input with
 ``parameters.binary_data_size`` takes its bytes from there, in input order; outputs come back
 binary when asked for with ``parameters.binary_data`` per output or ``binary_data_output`` for
