@@ -121,7 +121,9 @@ class ServerProcess:
             self.proc.wait(10)
 
     def __enter__(self) -> ServerProcess:
-        return self.start()
+        # `with ServerProcess(...).start(...) as proc` must not start a second server (the first
+        # one would be left running)
+        return self if self.proc is not None else self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
