@@ -9,7 +9,8 @@ configured handler and format, the request's id). Successful requests are logged
 once, on the caller's thread (they are rare, and their line must not be lost or late).
 
 When the writer falls behind by ``max_pending`` lines, further successful lines are dropped and
-counted (``dropped``); nothing waits on the writer. :meth:`close` writes what is queued.
+counted; the writer logs the count once per drain. Nothing waits on the writer. :meth:`close`
+writes what is queued.
 
 Thread-safe: :meth:`ok` and :meth:`error` may be called from any thread (the event loop, the
 model pools, gRPC's threads); ``deque.append`` / ``popleft`` are atomic.
@@ -84,6 +85,10 @@ class AccessLog:
             self._drain()
 
     def _drain(self) -> None:
+        dropped, self.dropped = self.dropped, 0
+        if dropped:  # said once per drain, not per line
+            log.warning("access log: %d line(s) dropped, the writer fell %d lines behind",
+                        dropped, self.max_pending)
         pending = self._pending
         enabled = log.isEnabledFor(logging.INFO)
         while pending:

@@ -115,6 +115,9 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         self._lock = shared_segments.ServerLock()
+        if self._lock.removed_stale:
+            log.info("removed %d shared-memory file(s) of servers that died without cleaning up",
+                     len(self._lock.removed_stale))
         self._run_dir = Path(tempfile.mkdtemp(prefix="sp-supervisor-"))
         self._metrics_dir = self._run_dir / "metrics"
         self._metrics_dir.mkdir()

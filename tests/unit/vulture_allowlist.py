@@ -54,8 +54,3 @@ _.openapi  # FastAPI calls app.openapi() for /openapi.json (our patched schema)
 # Parameters a protocol fixes: __exit__'s traceback, ssl's SNI callback's server name.
 tb
 server_name
-
-# State kept for inspection by the worker supervisor and the shared segments (work in
-# progress in server/supervisor.py and processor/shared_segments.py: read them or drop them).
-_.restarts
-_.removed_stale
