@@ -109,14 +109,16 @@ class DataPlane:
 
         For event loops: a thread-pool hop costs more CPU than a batch-1 request on the native
         ONNX Runtime engine, so the HTTP and gRPC edges call this first. Taken: untraced,
-        unbatched, unlogged wire bytes of at most ``max_bytes`` whose served group runs the whole
+        unbatched wire bytes of at most ``max_bytes`` whose served group runs the whole
         request natively (``SessionGroup.serves_natively``); it blocks the caller for the
-        engine's time, tens of microseconds at that size. Raises ProcessorError as
-        :meth:`predict` does.
+        engine's time, tens of microseconds at that size. A logged model's call is sampled
+        here; when it is not taken after all (the group does not serve natively), nothing is
+        logged and :meth:`predict` samples it afresh, so each call is logged with the model's
+        sampling rate. Raises ProcessorError as :meth:`predict` does.
         """
         model, inputs = call.model, call.inputs
         if (inputs.__class__ not in _WIRE or not inputs or len(inputs) > max_bytes or model in self._batching
-                or model in self._loggers or model in self._tracers):
+                or model in self._tracers):
             return None
         manager = self._managers.get(model)
         if manager is None:
@@ -126,7 +128,12 @@ class DataPlane:
         version = call.version
         if call.label is not None:
             version = requested_version(model, version, call.label, self._labels[model])
-        result = self._call(manager, call, version, None, inline=True)
+        logger = self._loggers.get(model) if self._loggers else None
+        pending = logger.begin(call) if logger is not None else None
+        if pending is not None:
+            result = self._logged(logger, pending, manager, call, version, None, inline=True)
+        else:
+            result = self._call(manager, call, version, None, inline=True)
         if self._inlined.get(model) is not (result is not None):
             self._inlined[model] = result is not None
         return result
@@ -158,21 +165,23 @@ class DataPlane:
         return self._inlined.get(model, False)
 
     def _logged(self, logger: PredictionLogger, pending: Pending, manager, call: PredictCall,
-                version: int | None, rec: TraceRecorder | None) -> PredictResult:
+                version: int | None, rec: TraceRecorder | None, inline: bool = False) -> PredictResult | None:
         """:meth:`predict` of a call its model's logger sampled: ``pending`` gets the group that
         served, the decoded inputs and the result or the error, then goes to the logger's queue
-        (never raising, never blocking)."""
+        (never raising, never blocking). ``inline``: :meth:`try_inline`'s; a call it does not
+        take (None) is not logged."""
         try:
             if rec is not None:
                 pending.result = self._traced(manager, call, version, rec, pending)
             else:
-                pending.result = self._call(manager, call, version, None, pending)
+                pending.result = self._call(manager, call, version, None, pending, inline)
             return pending.result
         except Exception as exc:
             pending.error = exc
             raise
         finally:
-            logger.submit(pending)
+            if pending.result is not None or pending.error is not None:
+                logger.submit(pending)
 
     def _traced(self, manager, call: PredictCall, version: int | None, rec: TraceRecorder,
                 pending: Pending | None = None) -> PredictResult:

@@ -40,12 +40,15 @@ class Signature:
     method: str = "tensorflow/serving/predict"
     _inputs_by_key: dict[str, TensorSpec] = field(init=False, repr=False, compare=False)
     _outputs_by_key: dict[str, TensorSpec] = field(init=False, repr=False, compare=False)
+    # every name an input is taken by (alias or tensor name) -> its alias
+    input_aliases: dict[str, str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for attr, specs in (("_inputs_by_key", self.inputs), ("_outputs_by_key", self.outputs)):
             by_key = {s.name: s for s in specs.values()}
             by_key.update(specs)  # an alias wins over an equal tensor name
             object.__setattr__(self, attr, by_key)
+        object.__setattr__(self, "input_aliases", {k: s.alias for k, s in self._inputs_by_key.items()})
 
     def input(self, key: str) -> TensorSpec:
         """The input named by alias or tensor name; InvalidArgument if unknown."""

@@ -5,6 +5,7 @@
 //   encode(keys, arrays)       response keys + output arrays -> PredictResponse bytes, or None
 //   fingerprint64(values)      object array of bytes/str -> uint64 Fingerprint64 array, or None
 //   OrtEngine, Batcher         whole requests on ONNX Runtime and the batching queue: module_engine.cc
+//   predict_log_tail(request, response, aliases)  a served wire call -> PredictionLog bytes, or None
 //   find_rows, lookup_rows, RowCache  the embedding stores' index probe, row gather, hot-row cache:
 //                              module_store.cc
 //
@@ -28,6 +29,7 @@
 #include "fingerprint.h"
 #include "module_engine.h"
 #include "module_store.h"
+#include "predict_log.h"
 #include "request.h"
 #include "response.h"
 
@@ -282,6 +284,21 @@ nb::object fingerprint64(nb::handle values) {
   return out;
 }
 
+nb::object predict_log_tail(nb::bytes request, nb::bytes response, nb::dict aliases) {
+  std::unordered_map<std::string, std::string> names;
+  for (auto [key, alias] : aliases) names.emplace(key_of(key), key_of(alias));
+  sp::Span req{reinterpret_cast<const uint8_t*>(request.c_str()), request.size()};
+  sp::Span resp{reinterpret_cast<const uint8_t*>(response.c_str()), response.size()};
+  std::string out;
+  bool ok;
+  {
+    MaybeRelease unlocked(req.n + resp.n >= kReleaseBytes);  // bytes are immutable: safe unlocked
+    ok = sp::predict_log_tail(req, resp, names, out);
+  }
+  if (!ok) return nb::none();
+  return nb::bytes(out.data(), out.size());
+}
+
 }  // namespace
 
 NB_MODULE(_native, m) {
@@ -302,4 +319,5 @@ NB_MODULE(_native, m) {
   m.def("decode", &decode, nb::arg("plan"), nb::arg("data"));
   m.def("encode", &encode, nb::arg("keys"), nb::arg("arrays"));
   m.def("fingerprint64", &fingerprint64, nb::arg("values"));
+  m.def("predict_log_tail", &predict_log_tail, nb::arg("request"), nb::arg("response"), nb::arg("aliases"));
 }

@@ -6,6 +6,10 @@ and renames it to ``<prefix>-<UTC time>-<pid>-<n><ext>``: readers that take ``*.
 ``*.jsonl`` see closed files only. Records are written whole and flushed to the OS at record
 boundaries, so a process that dies leaves at most a truncated last record in its ``.tmp`` file;
 after a failed write the file is cut back to its last complete record and closed.
+:meth:`LogFiles.recover` (the writer's first step) finishes the ``.tmp`` files of processes that
+died: each is cut back to its last complete record (TFRecord framing and checksums, or the last
+newline of JSON lines) and published like a closed file; files of live processes (workers
+sharing the directory) are left alone.
 
 :class:`Uploader` copies a closed file to a URL through fsspec and then removes the local copy;
 a failed upload keeps the file and is retried at the next rotation.
@@ -17,11 +21,15 @@ from __future__ import annotations
 
 import os
 import posixpath
+import struct
 import time
 import uuid
 from collections.abc import Callable
 
+from .formats import masked_crc32c
+
 _BUFFER = 1 << 20
+_TFRECORD_HEADER = struct.Struct("<QI")  # length, masked CRC-32C of the length
 
 
 class LogFiles:
@@ -42,6 +50,7 @@ class LogFiles:
         self._size = 0  # bytes of complete records written to the current file
         self._sequence = 0
         self.files_closed = 0
+        self.files_recovered = 0
         self.bytes_written = 0
 
     def check(self) -> None:
@@ -97,6 +106,35 @@ class LogFiles:
             f.close()
         self._publish()
 
+    def recover(self) -> None:
+        """Publish the ``.tmp`` files that dead processes left under this prefix, each cut back
+        to its last complete record (an empty one is removed). Raises OSError."""
+        suffix = self.extension + ".tmp"
+        try:
+            names = sorted(os.listdir(self.directory))
+        except FileNotFoundError:
+            return
+        for name in names:
+            if not (name.startswith(self.prefix + "-") and name.endswith(suffix)):
+                continue
+            try:
+                pid = int(name[:-len(suffix)].rsplit("-", 2)[1])
+            except (IndexError, ValueError):
+                continue  # not one of ours
+            if pid == os.getpid() or _alive(pid):
+                continue
+            tmp = self._path(name)
+            complete = _complete_bytes(tmp, self.extension)
+            if not complete:
+                os.unlink(tmp)
+                continue
+            os.truncate(tmp, complete)
+            final = tmp[:-len(".tmp")]
+            os.replace(tmp, final)
+            self.files_recovered += 1
+            if self.on_closed is not None:
+                self.on_closed(final)
+
     def _open(self) -> None:
         self._sequence += 1
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
@@ -132,6 +170,36 @@ class LogFiles:
 
     def _path(self, name: str) -> str:
         return os.path.join(self.directory, name)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def _complete_bytes(path: str, extension: str) -> int:
+    """How many leading bytes of ``path`` are whole records: TFRecords whose length and data
+    checksums hold (TensorFlow's masked CRC-32C), or JSON lines up to the last newline."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if extension != ".tfrecord":
+        return data.rfind(b"\n") + 1
+    at = 0
+    while at + _TFRECORD_HEADER.size <= len(data):
+        length, length_crc = _TFRECORD_HEADER.unpack_from(data, at)
+        end = at + _TFRECORD_HEADER.size + length + 4
+        if length_crc != masked_crc32c(data[at:at + 8]) or end > len(data):
+            break
+        body = data[at + _TFRECORD_HEADER.size:end - 4]
+        if struct.unpack_from("<I", data, end - 4)[0] != masked_crc32c(body):
+            break
+        at = end
+    return at
 
 
 class Uploader:

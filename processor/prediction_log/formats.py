@@ -27,8 +27,10 @@ import google_crc32c
 import numpy as np
 
 from ..dtypes import DT_STRING, dtype_name, dtype_of_array
+from ..request import version_number
+from . import transcode
 from .proto import PredictionLog
-from .record import Resolved
+from .record import Pending, Resolved, request_id, resolve
 
 _LENGTH = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
@@ -49,32 +51,57 @@ def tfrecord(data: bytes) -> bytes:
 
 def prediction_log(call: Resolved, sampling_rate: float) -> bytes:
     """The call as one TFRecord of a ``tensorflow.serving.PredictionLog``."""
-    entry = PredictionLog()
-    meta = entry.log_metadata
-    spec = meta.model_spec
-    spec.name = call.model
-    spec.signature_name = call.signature_name
-    if call.version is not None:
-        spec.version.value = call.version
-    meta.sampling_config.sampling_rate = sampling_rate
-    meta.timestamp_secs = call.time_ns // 1_000_000_000
-    meta.timestamp_micros = call.time_ns // 1000
-    meta.request_id = call.request_id
+    entry = _entry(call.model, call.version, call.signature_name, call.request_id, call.time_ns,
+                   sampling_rate)
     predict = entry.predict_log
     request = predict.request
-    request.model_spec.CopyFrom(spec)
     for key, array in call.inputs.items():
         _fill_tensor(request.inputs[key], array)
     request.output_filter.extend(call.output_filter)
     if call.outputs is not None:
         response = predict.response
-        response.model_spec.CopyFrom(spec)
+        response.model_spec.CopyFrom(entry.log_metadata.model_spec)
         for key, array in call.outputs.items():
             _fill_tensor(response.outputs[key], array)
     if call.error is not None:
-        meta.error_code = call.error.code.name
-        meta.error_message = call.error.message
+        entry.log_metadata.error_code = call.error.code.name
+        entry.log_metadata.error_message = call.error.message
     return tfrecord(entry.SerializeToString())
+
+
+def prediction_log_pending(pending: Pending, sampling_rate: float) -> bytes:
+    """:func:`prediction_log` of a sampled call: a call served from wire bytes is transcoded
+    (:mod:`.transcode`: its tensors' bytes renumbered, no arrays built), every other call, and
+    a wire call the transcoder does not take, goes through :func:`~.record.resolve`."""
+    result = pending.result
+    if (pending.wire is not None and result is not None and not result.introspection
+            and result.outputs.__class__ is bytes):
+        signature = result.signature
+        tail = transcode.predict_log_tail(pending.wire, result.outputs, signature.input_aliases)
+        if tail is not None:
+            entry = _entry(pending.model, version_number(result.version), signature.name,
+                           request_id(pending.request_id), pending.time_ns, sampling_rate)
+            entry.predict_log.response.model_spec.CopyFrom(entry.log_metadata.model_spec)
+            return tfrecord(entry.SerializeToString() + tail)
+    return prediction_log(resolve(pending), sampling_rate)
+
+
+def _entry(model: str, version: int | None, signature_name: str, request_id: str, time_ns: int,
+           sampling_rate: float):
+    """A PredictionLog with its metadata and the request's model spec filled in."""
+    entry = PredictionLog()
+    meta = entry.log_metadata
+    spec = meta.model_spec
+    spec.name = model
+    spec.signature_name = signature_name
+    if version is not None:
+        spec.version.value = version
+    meta.sampling_config.sampling_rate = sampling_rate
+    meta.timestamp_secs = time_ns // 1_000_000_000
+    meta.timestamp_micros = time_ns // 1000
+    meta.request_id = request_id
+    entry.predict_log.request.model_spec.CopyFrom(spec)
+    return entry
 
 
 def _fill_tensor(tensor, array: np.ndarray) -> None:
@@ -85,7 +112,12 @@ def _fill_tensor(tensor, array: np.ndarray) -> None:
     for size in array.shape:
         dims.add(size=size)
     if dt == DT_STRING:
-        tensor.string_val.extend([_bytes(v) for v in array.ravel().tolist()])
+        values = array.ravel().tolist()
+        try:  # decoded requests hold bytes: one C-level extend
+            tensor.string_val.extend(values)
+        except TypeError:  # str (an array call's inputs) or other objects: converted one by one
+            del tensor.string_val[:]
+            tensor.string_val.extend([_bytes(v) for v in values])
     else:
         tensor.tensor_content = np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
 
@@ -132,4 +164,10 @@ def _json_string(value) -> str | dict:
         return {"b64": base64.b64encode(raw).decode("ascii")}
 
 
-FORMATS: dict[str, Callable[[Resolved, float], bytes]] = {"prediction_log": prediction_log, "jsonl": jsonl}
+def jsonl_pending(pending: Pending, sampling_rate: float) -> bytes:
+    """:func:`jsonl` of a sampled call."""
+    return jsonl(resolve(pending), sampling_rate)
+
+
+FORMATS: dict[str, Callable[[Pending, float], bytes]] = {"prediction_log": prediction_log_pending,
+                                                         "jsonl": jsonl_pending}

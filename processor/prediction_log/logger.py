@@ -6,8 +6,8 @@ random number against ``sampling_rate`` and, for a sampled call, returns a
 it to a bounded queue and returns (a full queue drops the record and counts it; nothing blocks,
 nothing raises). An unsampled call costs the draw.
 
-The writer thread (one per model) drains the queue every few tens of milliseconds: decodes
-each record (:func:`~.record.resolve`), encodes it (:mod:`.formats`), appends it to the
+The writer thread (one per model) drains the queue every few tens of milliseconds: encodes
+each record (:mod:`.formats`: wire calls transcoded, others decoded first), appends it to the
 current file (:class:`~.files.LogFiles`: rotation by size and age) and uploads closed files
 when ``path`` is a URL (:class:`~.files.Uploader`). A record that fails to decode or encode, and
 a write or upload that fails (disk full, bucket unreachable), is counted and reported in
@@ -21,6 +21,7 @@ Thread-safe: :meth:`begin`, :meth:`submit`, :meth:`describe` and :meth:`flush` f
 from __future__ import annotations
 
 import collections
+import hashlib
 import logging
 import os
 import random
@@ -34,7 +35,7 @@ from ..redaction import redact_url
 from ..request import request_id_var
 from .files import LogFiles, Uploader
 from .formats import FORMATS
-from .record import Pending, resolve
+from .record import Pending
 from .settings import LoggingConfig
 
 if TYPE_CHECKING:
@@ -84,8 +85,10 @@ class PredictionLogger:
             return None
         uploader = _uploader(settings, config) if settings.remote else None
         if settings.remote:
+            # one per model and URL, not per process: a restart recovers what a crash left
+            url_digest = hashlib.sha256(settings.path.encode()).hexdigest()[:12]
             directory = settings.staging_dir or os.path.join(
-                tempfile.gettempdir(), "sp-prediction-log", f"{model}-{os.getpid()}")
+                tempfile.gettempdir(), "sp-prediction-log", f"{_safe_prefix(model)}-{url_digest}")
             key = "staging_dir"
         else:
             directory = settings.path.removeprefix("file://")
@@ -129,6 +132,7 @@ class PredictionLogger:
             max_file_bytes=s.max_file_bytes, max_file_age_seconds=s.max_file_age_seconds,
             queue_size=s.queue_size, queued=len(self._queue), directory=self._files.directory,
             current_file=self._files.current, files_closed=self._files.files_closed,
+            files_recovered=self._files.files_recovered,
             bytes_written=self._files.bytes_written)
         if self._uploader is not None:
             stats.update(files_uploaded=self._uploader.uploaded, uploads_pending=len(self._uploader.pending))
@@ -157,6 +161,7 @@ class PredictionLogger:
     # --- writer thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
+        self._sink(self._files.recover)  # what a process that died left unpublished
         while True:
             closing = self._closing
             flush, close = self._flush_asked, self._close_asked
@@ -183,7 +188,7 @@ class PredictionLogger:
         while queue:
             pending = queue.popleft()
             try:
-                record = self._encode(resolve(pending), self._rate)
+                record = self._encode(pending, self._rate)
             except Exception as exc:  # noqa: BLE001 - a record that cannot be written is counted
                 self._failed(f"record of request {pending.request_id}: {type(exc).__name__}: {exc}")
                 continue

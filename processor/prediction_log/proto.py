@@ -58,7 +58,10 @@ def _build_pool() -> descriptor_pool.DescriptorPool:
              _field("unknown_rank", 3, _F.TYPE_BOOL))
     _message(file, "TensorProto", _field("dtype", 1, _F.TYPE_INT32),
              _field("tensor_shape", 2, _F.TYPE_MESSAGE, message="TensorShapeProto"),
-             _field("tensor_content", 4, _F.TYPE_BYTES), _field("string_val", 8, _F.TYPE_BYTES, True))
+             _field("tensor_content", 4, _F.TYPE_BYTES), _field("float_val", 5, _F.TYPE_FLOAT, True),
+             _field("double_val", 6, _F.TYPE_DOUBLE, True), _field("int_val", 7, _F.TYPE_INT32, True),
+             _field("string_val", 8, _F.TYPE_BYTES, True), _field("int64_val", 10, _F.TYPE_INT64, True),
+             _field("bool_val", 11, _F.TYPE_BOOL, True))
     _message(file, "Int64Value", _field("value", 1, _F.TYPE_INT64))
     _message(file, "ModelSpec", _field("name", 1, _F.TYPE_STRING),
              _field("version", 2, _F.TYPE_MESSAGE, message="Int64Value"),

@@ -84,7 +84,7 @@ def resolve(pending: Pending) -> Resolved:
         outputs = codec.decode_response(result.outputs) if pending.wire is not None else dict(result.outputs)
     error = as_processor_error(pending.error) if pending.error is not None else None
     return Resolved(pending.model, version_number(served) if served is not None else None,
-                    signature.name if signature is not None else "", _request_id(pending.request_id),
+                    signature.name if signature is not None else "", request_id(pending.request_id),
                     pending.time_ns, inputs, output_filter, outputs, error)
 
 
@@ -121,5 +121,6 @@ def _raw_inputs(inputs: Mapping[str, Any] | None) -> dict[str, np.ndarray]:
     return out
 
 
-def _request_id(given: str) -> str:
+def request_id(given: str) -> str:
+    """The record's request id: the edge's, else a fresh one."""
     return given if given and given != "-" else uuid.uuid4().hex[:16]

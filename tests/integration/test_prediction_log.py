@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import model_config
-from processor import codec
+from processor import codec, native
 from processor.request import PredictCall
 
 tf = pytest.importorskip("tensorflow")
@@ -103,3 +103,35 @@ def test_a_failing_sink_leaves_serving_alone_and_is_reported(toy_model, make_pro
     assert processor.process(request(9.0))[0] == 200
     assert processor.model.prediction_log.flush()
     assert [x_of(e).ravel().tolist() for e in records(logs)] == [[9.0]]
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "onnxruntime"])
+def test_calls_an_event_loop_runs_in_place_are_sampled_once(toy_model, make_processor, tmp_path, backend):
+    """DataPlane.try_inline (the HTTP and gRPC edges' first try) samples a logged model's call;
+    one it does not take (the TensorFlow group does not serve natively) is sampled afresh by
+    predict(): either way each call is logged at the sampling rate, with what was sent."""
+    logs = tmp_path / "logs"
+    rate, n = 0.25, 2000
+    processor = make_processor(model_config(toy_model, backend=backend, logging_config={
+        "sampling_rate": rate, "path": str(logs)}), "toy")
+    dataplane = processor.dataplane
+    taken = 0
+    for i in range(n):
+        call = PredictCall("toy", request(float(i)))
+        result = dataplane.try_inline(call, 8192)
+        if result is None:
+            result = dataplane.predict(call)
+        else:
+            taken += 1
+        np.testing.assert_allclose(codec.decode_response(result.outputs)["y"], [[0.5 * i + 2]], rtol=1e-5)
+    in_place = dataplane.runs_in_place("toy")
+    assert in_place == (backend == "onnxruntime" and native.MODULE is not None)
+    assert taken == (n if in_place else 0)
+    assert processor.model.prediction_log.flush()
+    got = records(logs)
+    sigma = math.sqrt(n * rate * (1 - rate))
+    assert abs(len(got) - n * rate) < 6 * sigma, len(got)  # fails by chance about once in 10^9 runs
+    for entry in got:
+        x = x_of(entry)
+        np.testing.assert_allclose(tf.make_ndarray(entry.predict_log.response.outputs["y"]), 0.5 * x + 2,
+                                   rtol=1e-5, atol=1e-6)

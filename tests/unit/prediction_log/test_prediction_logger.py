@@ -11,6 +11,8 @@ import json
 import math
 import os
 import struct
+import subprocess
+import sys
 import threading
 import time
 
@@ -328,3 +330,67 @@ def test_close_writes_the_queue_and_refuses_later_records(tmp_path):
     assert len(read_tfrecords(closed_files(tmp_path / "logs")[0])) == 20
     logger.submit(answered(0.0))
     assert logger.describe()["dropped_closed"] == 1
+
+
+# --- what a crash leaves ------------------------------------------------------------------------
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def _leftover(directory, pid: int, seq: int, data: bytes, ext: str = ".tfrecord") -> str:
+    path = os.path.join(directory, f"m-20260101T000000-{pid}-{seq:06d}{ext}.tmp")
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+def test_a_crash_left_file_is_cut_to_whole_records_and_published_live_ones_are_left(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    whole = [formats.tfrecord(b"record-%d" % i) for i in range(3)]
+    dead = _dead_pid()
+    torn = _leftover(logs, dead, 1, b"".join(whole) + formats.tfrecord(b"cut short")[:-3])
+    bad_crc = whole[0] + whole[1][:-1] + b"\x00" + whole[2]  # the second record's data checksum is wrong
+    corrupt = _leftover(logs, dead, 2, bad_crc)
+    empty = _leftover(logs, dead, 3, formats.tfrecord(b"x")[:5])
+    live_process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        live = _leftover(logs, live_process.pid, 1, whole[0][:-2])  # a sibling worker writing now
+        other = _leftover(logs, dead, 4, b"junk", ext=".jsonl")  # another format's file
+        logger = PredictionLogger.from_config("m", config(tmp_path))
+        try:
+            assert logger.flush()
+            assert logger.describe()["files_recovered"] == 2
+        finally:
+            logger.close()
+        assert read_tfrecords(torn[:-4]) == [b"record-%d" % i for i in range(3)]
+        assert read_tfrecords(corrupt[:-4]) == [b"record-0"]
+        assert not os.path.exists(empty) and not os.path.exists(empty[:-4])
+        assert os.path.exists(live) and os.path.exists(other)
+    finally:
+        live_process.kill()
+        live_process.wait()
+
+
+def test_a_crash_left_jsonl_file_keeps_its_whole_lines_and_is_uploaded(tmp_path):
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    url = f"memory://pl-recover-{os.getpid()}/logs"
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    _leftover(stage, _dead_pid(), 1, b'{"a":1}\n{"a":2}\n{"a":', ext=".jsonl")
+    logger = PredictionLogger.from_config("m", config(tmp_path, path=url, staging_dir=str(stage), format="jsonl"))
+    try:
+        assert logger.flush()
+        info = logger.describe()
+        assert (info["files_recovered"], info["files_uploaded"]) == (1, 1)
+        (remote,) = fs.ls(f"/pl-recover-{os.getpid()}/logs", detail=False)
+        assert fs.cat_file(remote) == b'{"a":1}\n{"a":2}\n' and os.listdir(stage) == []
+    finally:
+        logger.close()
+        fs.rm(f"/pl-recover-{os.getpid()}", recursive=True)
