@@ -19,7 +19,6 @@ variables), run the main / legacy init op. Thread-safe after construction (TF ca
 from __future__ import annotations
 
 import os
-import functools
 import threading
 from typing import Any
 
@@ -252,17 +251,17 @@ class TensorFlowBackend:
         ``Session.make_callable`` with feeds runs the whole ``Session.run`` machinery in Python on
         every call (about half a millisecond of GIL); a callable made from ``CallableOptions``
         (the C++ ``Session::MakeCallable``, what Keras' TF1 backend used) feeds and fetches in
-        C++. Models with a feature store keep theirs (it wraps the lookup around the call).
+        C++. Models with a feature store get the same for both runs of their split run.
         """
         key = (lane, fetches)
+        copy = self._lanes.copy_of_lane[lane]
+        scope = self._lanes.copies[copy].scope
         if self._embedding is not None:
-            generic = self._callables.get((self._lanes.copy_of_lane[lane], fetches)) or self._make_callable(
-                (self._lanes.copy_of_lane[lane], fetches))
-            options = self._run_options[lane]
-            fn = functools.partial(generic, options=options)
+            tensors = [self._graph.get_tensor_by_name(scope + self.signature.outputs[a].name) for a in fetches]
+            with self._callables_lock:
+                fn = self._embedding.make_callable(tensors, self._feed_tensors[copy], scope,
+                                                   run_options=self._run_options[lane])
         else:
-            copy = self._lanes.copy_of_lane[lane]
-            scope = self._lanes.copies[copy].scope
             from tensorflow.core.protobuf.config_pb2 import CallableOptions
 
             callable_options = CallableOptions(

@@ -113,42 +113,46 @@ class RedisVersionTables:
     # --- serving ----------------------------------------------------------------------------
 
     def lookup(self, requests: Sequence[tuple[str, np.ndarray]]) -> list[np.ndarray]:
-        """Rows of each request: cached ones from the hot-row cache, the others from Redis in
-        one pipelined round (and then cached). See the module doc."""
+        """Rows of each request: cached ones from the hot-row cache, the distinct others from
+        Redis in one pipelined round (and then cached). See the module doc. Cache hits and
+        misses count ids as requested (a repeated id counts each time)."""
         started = time.perf_counter()
         self.store.check_up()
         cache = self.cache
         parts, wanted = [], []
         for name, keys in requests:
-            uniq, inverse = np.unique(np.asarray(keys, np.int64).reshape(-1), return_inverse=True)
-            rows = np.empty((uniq.size, self.specs[name].dim), np.float32)
-            miss = cache.lookup(name, uniq, rows) if cache is not None else None
-            parts.append((name, uniq, inverse, rows, miss))
-            wanted.append((name, uniq if miss is None else uniq[miss]))
+            flat = np.ascontiguousarray(keys, np.int64).reshape(-1)
+            if cache is not None:  # the cache first, on the ids as they come: no sort when all hit
+                rows = np.empty((flat.size, self.specs[name].dim), np.float32)
+                miss = cache.lookup(name, flat, rows)
+                uniq, inverse = np.unique(flat[miss], return_inverse=True) if len(miss) else (flat[:0], miss)
+            else:
+                rows, miss = None, None
+                uniq, inverse = np.unique(flat, return_inverse=True)
+            parts.append((name, flat.size, rows, miss, inverse))
+            wanted.append((name, uniq))
         fetched = self._fetch(wanted)
         pinned = self._pinned
         out, counts = [], []
         hits_total = misses_total = 0
-        for (name, uniq, inverse, rows, miss), (_, ids), (got, present) in zip(parts, wanted, fetched):
-            if pinned is not None and name in pinned and len(ids):
-                _overlay(pinned[name], ids, got, present)
-            if miss is None:
+        for (name, size, rows, miss, inverse), (_, ids), (got, present) in zip(parts, wanted, fetched):
+            if len(ids):
+                if pinned is not None and name in pinned:
+                    _overlay(pinned[name], ids, got, present)
+                if cache is not None:
+                    cache.insert(name, ids[present], got[present])
+                    rows[miss] = got[inverse]
+                else:
+                    rows = got[inverse]
+            elif rows is None:
                 rows = got
-            elif len(ids):
-                rows[miss] = got
-            if cache is not None and len(ids):
-                cache.insert(name, ids[present], got[present])
-            defaults = 0
-            if not present.all():
-                absent = np.zeros(uniq.size, bool)
-                absent[np.arange(uniq.size) if miss is None else miss] = ~present
-                defaults = int(np.count_nonzero(absent[inverse]))
-            out.append(rows[inverse])
-            hits = uniq.size - len(ids) if cache is not None else 0
-            misses = len(ids) if cache is not None else 0
+            defaults = int(np.count_nonzero(~present[inverse])) if not present.all() else 0
+            out.append(rows)
+            misses = len(miss) if cache is not None else 0
+            hits = size - misses if cache is not None else 0
             hits_total += hits
             misses_total += misses
-            counts.append((name, len(inverse), defaults, hits, misses))
+            counts.append((name, size, defaults, hits, misses))
         self.stats.add(sum(c[1] for c in counts), sum(c[2] for c in counts))
         self.stats.extra["cache_hits"] += hits_total
         self.stats.extra["cache_misses"] += misses_total

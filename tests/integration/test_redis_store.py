@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from processor.errors import Unavailable
+from processor.features import native_rows
 from processor.features.rows import RowChunk, TableSpec
 from processor.features.local_redis import LocalRedis, LocalRedisCluster, redis_server_binary
 from processor.features.redis_client import RedisNodes
@@ -91,6 +92,33 @@ def test_one_replica_loads_both_serve_and_a_delta_is_written_once(server):
     assert va.stats.default_served == 3 + (va is writer)  # 10**12 was absent before the delta
     a.close()
     b.close()
+
+
+@pytest.mark.skipif(not native_rows.AVAILABLE, reason="processor._native is not built (the cache is native)")
+def test_cached_lookups_with_repeated_and_absent_ids_equal_uncached_ones(server):
+    """The hot-row cache looks ids up as they come (repeats included) and fetches the distinct
+    rest: rows, default vectors and counts equal the uncached store's, and hits + misses count
+    every id asked."""
+    cluster, redis = server
+    plain, cached = make_store(redis.url, cluster, "cache"), make_store(redis.url, cluster, "cache", cache_bytes=1 << 20)
+    src = Source()
+    vp, vc = (store.open_version("run_1-10", SPECS, src) for store in (plain, cached))
+    rng = np.random.default_rng(5)
+    known = src.keys("emb/a")
+    asked = 0
+    for round_ in range(4):  # the cache warms from nothing to mostly hits
+        ids = np.concatenate([rng.choice(known[:20], 40), np.array([123456789, 123456789, known[0], known[0]])])
+        rows_b = rng.integers(480, 520, 16)  # 500..519 are absent from emb/b
+        want = vp.lookup([("emb/a", ids), ("emb/b", rows_b)])
+        got = vc.lookup([("emb/a", ids), ("emb/b", rows_b)])
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+        asked += len(ids) + len(rows_b)
+    assert vc.stats.default_served == vp.stats.default_served > 0
+    extra = vc.stats.extra
+    assert extra["cache_hits"] + extra["cache_misses"] == asked and extra["cache_hits"] > extra["cache_misses"]
+    plain.close()
+    cached.close()
 
 
 def test_a_new_version_loads_beside_and_old_ones_are_dropped(server):

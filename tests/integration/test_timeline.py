@@ -19,6 +19,7 @@ import fsspec
 import pytest
 
 from conftest import model_config
+from sp_checks import assert_outputs_close
 from processor import abi, codec
 from processor.errors import ProcessorError
 from processor.request import PredictCall
@@ -291,3 +292,29 @@ def test_concurrent_requests_remote_store(ctr_model_small, make_processor, backe
             assert {d.device for d in stats.dev_stats} == {ORT_DEVICE, PROCESSOR_DEVICE}
     assert steps == {10, 17, 24, 31, 38}
     fs.rm(f"/timeline-it/{backend}", recursive=True)
+
+
+def test_a_store_served_model_traces_and_answers_as_untraced(ctr_model_small, make_processor, tmp_path):
+    """Embeddings from the DRAM store (the split run): untraced requests run the two graph
+    runs as C++ callables, traced ones the options-taking callables; both answer alike and the
+    trace holds the second run's ops."""
+    from demo.synthetic_data import synthetic_batch
+
+    out = tmp_path / "timelines"
+    p = make_processor(timeline_config(ctr_model_small, out, start=1, interval=2, count=2, ev_storage_type=1,
+                                       session_num=2))
+    requests = [codec.encode_request(synthetic_batch(8, seed)) for seed in range(6)]
+    bodies = []
+    for request in requests:
+        status, body = p.process(request)
+        assert status == 200, body
+        bodies.append(body)
+    assert p.tracer.flush(30)
+    assert p.model_info()["timeline"]["written"] == 2
+    for i, request in enumerate(requests):  # tracing is done: these run untraced
+        got, want = codec.decode_response(p.process(request)[1]), codec.decode_response(bodies[i])
+        assert_outputs_close(got, want)
+        assert_outputs_close(want, codec.decode_response(untraced(p, request)))
+    stats = gen_timeline.read_step_stats(out / "timeline-0")
+    ops = {n.node_name for d in stats.dev_stats if d.device != PROCESSOR_DEVICE for n in d.node_stats}
+    assert len(ops & graph_node_names(ctr_model_small.savedmodel_dir)) >= 10, sorted(ops)
