@@ -98,7 +98,7 @@ def report(result: dict, args, settings: dict) -> tuple[dict, str]:
                      f"{cores} |")
     bare = notes.get("bare", {})
     if bare:
-        lines += ["", f"Bare engine call (`Backend.bare_call`, {args.sessions} threads, one per session): "
+        lines += ["", f"Bare engine call (`benchmarks.bare_engine.bare_call`, {args.sessions} threads, one per session): "
                   "the most requests/s without batching at a request batch, and the rows/s ceiling at "
                   "max_batch_size.", "", "| backend | batch | calls/s | rows/s | p50 ms |", "|---|---:|---:|---:|---:|"]
         for backend, entries in bare.items():

@@ -20,7 +20,7 @@ because one Python generator is GIL-bound; they start together at an agreed time
 latencies are merged for the percentiles. The client's CPU use (cores) is recorded per row: on
 this 2-core machine the client and the server share the cores.
 
-Limits, in the same run: the backend's bare engine call (``Backend.bare_call``: the engine's own
+Limits, in the same run: the backend's bare engine call (``benchmarks.bare_engine.bare_call``: the engine's own
 call on a lane's session, what bench_request_path calls raw) at the request batch and at
 ``max_batch_size``, from ``session_num`` threads.
 
@@ -53,6 +53,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.bare_engine import bare_call
 from benchmarks.batching_report import TARGET_CLIENTS, report
 from benchmarks.common import loadgen_command
 from benchmarks.peers import (MODEL, OUTPUTS, TRITON_PEER, check_same, peer_tool, peer_versions, triton_python,
@@ -225,7 +226,7 @@ def bench_ours(backend: str, args, paths, reqs: Requests, work: Path, rows: list
 
     if not {"http", "grpc"} & set(args.paths):
         return reference
-    from server.launcher import ServerProcess
+    from tools.server_process import ServerProcess
 
     print(f"ours, {backend}: python -m server", flush=True)
     servers = {}
@@ -284,7 +285,7 @@ def bare_limits(proc, reqs: Requests, args) -> list[dict]:
     out = []
     for batch in sorted({*args.batches, args.max_batch_size}):
         feeds = codec.decode_request(reqs.wire[batch], signature).feeds
-        bare = [backend.bare_call(lane, feeds, fetches) for lane in range(args.sessions)]
+        bare = [bare_call(backend, lane, feeds, fetches) for lane in range(args.sessions)]
         r = run_threads(lambda i: bare[i](), args.sessions, args.bare_seconds)
         out.append({"batch": batch, "threads": args.sessions, "calls_per_s": r["calls_per_s"],
                     "rows_per_s": r["calls_per_s"] * batch, "p50_ms": r["p50_us"] / 1e3,

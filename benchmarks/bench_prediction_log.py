@@ -91,7 +91,7 @@ def bench_process(paths, requests: dict, calls: int, rounds: int, log_dir: str) 
 
 def bench_http(paths, requests: dict, seconds: float, rounds: int, concurrency: int, log_dir: str,
                work: Path) -> dict:
-    from server.launcher import ServerProcess
+    from tools.server_process import ServerProcess
 
     names = {m: f"m{m.replace('.', '_')}" for m in MODES}
     deployment = {"models": [{"name": names[m], "model_config": model_config(paths, r, log_dir, m + "-http"),

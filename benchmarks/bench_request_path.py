@@ -7,7 +7,7 @@ loops run from ``threads`` Python threads for ``--seconds`` each:
 * ``process``: ``Processor.process(request bytes)`` -> response bytes (decode, checks, lane pick,
   update gate, engine, encode: the whole request path the C ABI and the servers use);
 * ``raw``: the engine's own call on the same lane's session with the same inputs converted once
-  (``Backend.bare_call``: ``InferenceSession.run`` / the TF callable), i.e. the limit.
+  (``benchmarks.bare_engine.bare_call``: ``InferenceSession.run`` / the TF callable), i.e. the limit.
 
 ``ratio`` = process req/s / raw req/s. The GIL-held microseconds per request are measured on one
 calling thread with ``py-spy record --gil`` (samples in which a thread holds the GIL, 1000 a
@@ -43,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.bare_engine import bare_call
 from benchmarks.common import RESULTS, run_threads, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,12 +70,12 @@ def model_source(name: str, preset: str) -> tuple[dict, object]:
              "backend": backend}, lambda batch: synthetic_batch(batch, seed=batch))
 
 
-def processor_config(base: dict, sessions: int, device: str) -> dict:
+def processor_config(base: dict, sessions: int, device: str, gpu_native: bool = False) -> dict:
     config = {**base, "session_num": sessions, "use_per_session_threads": True,
               "select_session_policy": "MOD", "inter_op_parallelism_threads": 1,
               "intra_op_parallelism_threads": 1, "file_system_poll_wait_seconds": 0}
     if device == "cuda":
-        config.update(gpu_ids_list="0", use_multi_stream=True)
+        config.update(gpu_ids_list="0", use_multi_stream=True, native_engine_gpu_lanes=gpu_native)
     return config
 
 
@@ -144,7 +145,7 @@ def measure_model(name: str, args) -> list[dict]:
     base, make_inputs = model_source(name, args.preset)
     rows = []
     for threads in args.threads:
-        proc = Processor.create("bench", json.dumps(processor_config(base, threads, args.device)))
+        proc = Processor.create("bench", json.dumps(processor_config(base, threads, args.device, args.gpu_native)))
         try:
             with proc.manager.acquire() as group:
                 backend, signature = group.backend, group.signature
@@ -155,7 +156,7 @@ def measure_model(name: str, args) -> list[dict]:
                 inputs = make_inputs(batch)
                 request = codec.encode_request(inputs)
                 decoded = codec.decode_request(request, signature)
-                bare = [backend.bare_call(lane, decoded.feeds, fetches) for lane in range(threads)]
+                bare = [bare_call(backend, lane, decoded.feeds, fetches) for lane in range(threads)]
                 status, body = proc.process(request)
                 assert status == 200, body[:300]
                 answer, limit = codec.decode_response(body), bare[0]()
@@ -200,7 +201,7 @@ def measure_tf_strings(args) -> list[dict]:
             feeds = codec.decode_request(codec.encode_request(make_inputs(batch)), signature).feeds
             fixed = {**feeds, **{a: feeds[a].astype("S") for a in strings}}
             for form, f in (("object bytes", feeds), ("fixed-width S", fixed)):
-                call = backend.bare_call(0, f, tuple(signature.outputs))
+                call = bare_call(backend, 0, f, tuple(signature.outputs))
                 loop = run_threads(lambda i: call(), 1, args.seconds * args.rounds)
                 gil = gil_profile(call, args.gil_seconds) if args.gil_seconds > 0 else None
                 rows.append({"batch": batch, "form": form, "rps": loop["calls_per_s"],
@@ -222,7 +223,7 @@ def measure_c_host(name: str, args) -> dict | None:
     base, make_inputs = model_source(name, args.preset)
     work = WORK / "c_host"
     work.mkdir(parents=True, exist_ok=True)
-    (work / "config.json").write_text(json.dumps(processor_config(base, 4, args.device)))
+    (work / "config.json").write_text(json.dumps(processor_config(base, 4, args.device, args.gpu_native)))
     (work / "request.pb").write_bytes(codec.encode_request(make_inputs(256)))
     out = {"model": name, "device": args.device, "batch": 256}
     for threads in (1, 4):
@@ -307,12 +308,8 @@ def main() -> None:
                         help="also time the forms TensorFlow can take string inputs in")
     parser.add_argument("--tag", default="", help="suffix of the result files, e.g. h100")
     parser.add_argument("--gpu-native", action="store_true",
-                        help="GPU lanes on the native ONNX Runtime engine too (processor.engine.onnx.native_engine.GPU_LANES)")
+                        help="GPU lanes on the native ONNX Runtime engine too (native_engine_gpu_lanes)")
     args = parser.parse_args()
-    if args.gpu_native:
-        from processor.engine.onnx import native_engine as ort_native
-
-        ort_native.GPU_LANES = True
 
     rows = []
     for name in args.models.split(","):

@@ -166,7 +166,7 @@ def v2_specs(host: str, port: int, grpc_target: str, body: dict) -> dict[str, di
 def bench(args) -> dict:
     from benchmarks.common import demo_paths
     from processor import codec
-    from server.launcher import ServerProcess
+    from tools.server_process import ServerProcess
 
     load_before = list(os.getloadavg())  # other work on the machine makes the figures noisy
     paths = demo_paths(args.preset)
@@ -416,7 +416,7 @@ def bench_tls(args) -> tuple[dict, str]:
     from benchmarks.common import demo_paths
     from demo.paths import demo_model_config
     from processor import codec
-    from server.launcher import ServerProcess
+    from tools.server_process import ServerProcess
     from tools.dev_certs import write_set
 
     load_before = list(os.getloadavg())

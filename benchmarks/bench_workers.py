@@ -81,7 +81,7 @@ def answer_a_few(server, calls: int = 20) -> None:
 
 
 def measure_memory(model_dir: Path, table_bytes: int, workers_list: list[int], work: Path) -> list[dict]:
-    from server.launcher import ServerProcess
+    from tools.server_process import ServerProcess
 
     rows = []
     for workers in workers_list:
@@ -111,7 +111,7 @@ def measure_memory(model_dir: Path, table_bytes: int, workers_list: list[int], w
 
 
 def measure_throughput(model_dir: Path, workers_list: list[int], seconds: float, work: Path) -> list[dict]:
-    from server.launcher import ServerProcess
+    from tools.server_process import ServerProcess
 
     body = encode_request(dlrm_onnx.inputs(1))
     rows = []

@@ -151,6 +151,10 @@ class ModelConfig(BaseModel):
     kmp_blocktime: int | None = Field(None, ge=0)
     gpu_ids_list: tuple[int, ...] = ()
     use_multi_stream: bool = False
+    # Ours: ONNX Runtime GPU lanes on the native engine (its own sessions with the CUDA provider,
+    # outside Python) instead of the Python binding. Off until shown on a GPU machine; with it on,
+    # in-place parameter updates are refused (a full reload works).
+    native_engine_gpu_lanes: bool = False
     enable_device_placement_optimization: bool = False
     # Ours: serve a GPU config on the CPU (same lane count) when no GPU is visible, instead of failing.
     gpu_fallback_to_cpu: bool = False

@@ -30,15 +30,14 @@ OK = STATUS_TABLE[StatusCode.OK].c_abi
 
 
 class Processor:
-    """One served model (a :class:`~processor.served_model.ServedModel`) and its DataPlane.
-    See the module doc. ``manager``: a stand-in ModelManager (tests)."""
+    """One served model (a :class:`~processor.served_model.ServedModel`, the one of ``models``)
+    and its DataPlane. See the module doc; :meth:`create` builds and starts one from a config."""
 
-    def __init__(self, name: str, config: ModelConfig, raw_config: dict[str, Any],
-                 manager: Any = None) -> None:
-        self.name = name
-        self.config = config
-        self.models = ModelRegistry.single(name, config, raw_config, manager)  # ConfigError: timeline_path
-        self.model = self.models.get(name)
+    def __init__(self, models: ModelRegistry) -> None:
+        (self.model,) = models
+        self.name = self.model.name
+        self.config = self.model.config
+        self.models = models
         self.dataplane = DataPlane(self.models)
 
     @property
@@ -58,7 +57,7 @@ class Processor:
         """
         raw = parse_json(model_config, "model_config")  # ConfigError when not UTF-8 or not JSON
         config = ModelConfig.from_dict(raw)
-        processor = cls(model_entry or DEFAULT_MODEL_NAME, config, raw)
+        processor = cls(ModelRegistry.single(model_entry or DEFAULT_MODEL_NAME, config, raw))  # ConfigError: timeline_path
         try:
             processor.model.start()
         except BaseException:

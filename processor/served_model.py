@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from .batching.model_batching import ModelBatching
 from .config import ModelConfig
@@ -31,27 +31,65 @@ from .tracing import Tracer
 log = logging.getLogger(__name__)
 
 
-class ServedModel:
-    """See the module doc. ``manager``: a stand-in ModelManager (tests: fakes; such a model has
-    no timeline tracer); by default the manager and the tracer are built from ``config`` (a
-    ConfigError names ``timeline_path`` when it is unusable)."""
+class ManagerPort(Protocol):
+    """What a ServedModel and the DataPlane use of a model's manager: the
+    :class:`~processor.manager.model_manager.ModelManager`, or a test's fake of it."""
 
-    def __init__(self, name: str, config: ModelConfig, *, raw_config: Mapping[str, Any] | None = None,
-                 version_labels: Mapping[str, int] | None = None, threads: int | None = None,
-                 environment: Mapping[str, str] | None = None, manager: Any = None) -> None:
+    state: Any
+    ready: bool
+    last_error: str | None
+    stats: dict[str, Any]
+
+    def start(self) -> None: ...
+    def close(self) -> None: ...
+    def acquire_handle(self) -> Any: ...
+    def served_version(self) -> Any: ...
+    def info(self) -> dict[str, Any]: ...
+    def discover(self) -> Any: ...
+    def load(self, version: Any) -> None: ...
+    def pin(self, version: int) -> None: ...
+    def unpin(self) -> None: ...
+    def rollback(self) -> None: ...
+
+
+class ServedModel:
+    """See the module doc. Built from its parts (``manager`` and the optional ``tracer``,
+    ``batching``, ``prediction_log``); :meth:`compose` builds them from a config. Cheap: nothing
+    loads or starts before :meth:`start`."""
+
+    def __init__(self, name: str, config: ModelConfig, *, manager: ManagerPort, tracer: Tracer | None = None,
+                 batching: ModelBatching | None = None, prediction_log: PredictionLogger | None = None,
+                 raw_config: Mapping[str, Any] | None = None, version_labels: Mapping[str, int] | None = None,
+                 threads: int | None = None, environment: Mapping[str, str] | None = None) -> None:
         self.name = name
         self.config = config
+        self.manager = manager
+        self.tracer = tracer
+        self.batching = batching
+        self.prediction_log = prediction_log
         self.raw_config = dict(raw_config or {})
         self.version_labels = dict(version_labels or {})
         self.threads = threads
         self.environment = dict(environment or {})
-        self.tracer = Tracer.from_config(name, config) if manager is None else None
+
+    @classmethod
+    def compose(cls, name: str, config: ModelConfig, **details: Any) -> ServedModel:
+        """The model ``config`` describes: its ModelManager, timeline tracer, batching and
+        prediction logger (``details``: the other keyword arguments of the constructor). A
+        ConfigError names ``timeline_path`` or ``logging_config.path`` when unusable."""
+        tracer = Tracer.from_config(name, config)
         # One batching per model: its row budget bounds every queue (each version's native one
         # and the reference), see processor/batching/model_batching.py.
-        self.batching = ModelBatching(name, config.batching) if config.batching is not None else None
-        self.manager = manager if manager is not None else ModelManager(name, config, batching=self.batching)
-        # ConfigError naming logging_config.path when it cannot be written
-        self.prediction_log = PredictionLogger.from_config(name, config)
+        batching = ModelBatching(name, config.batching) if config.batching is not None else None
+        try:
+            manager = ModelManager(name, config, batching=batching)
+            prediction_log = PredictionLogger.from_config(name, config)
+        except BaseException:
+            if tracer is not None:
+                tracer.close()
+            raise
+        return cls(name, config, manager=manager, tracer=tracer, batching=batching,
+                   prediction_log=prediction_log, **details)
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -77,7 +115,7 @@ class ServedModel:
 
     @property
     def stats(self) -> dict[str, Any]:
-        return getattr(self.manager, "stats", None) or {}
+        return self.manager.stats
 
     def served_version(self):
         """The served ModelVersion, or None before the first load."""
@@ -179,22 +217,19 @@ class ModelRegistry:
         self._models = {m.name: m for m in models}
 
     @classmethod
-    def from_deployment(cls, deployment, managers: Mapping[str, Any] | None = None) -> ModelRegistry:
-        """Every model of a :class:`~processor.deployment.DeploymentConfig`. ``managers``: fakes
-        to serve instead (only the models named there are served; no timeline tracing)."""
+    def from_deployment(cls, deployment) -> ModelRegistry:
+        """Every model of a :class:`~processor.deployment.DeploymentConfig`, composed
+        (:meth:`ServedModel.compose`)."""
         environment = apply_environment([m.config for m in deployment.models])  # before TF starts
-        entries = [m for m in deployment.models if managers is None or m.name in managers]
-        return cls(ServedModel(m.name, m.config, raw_config=m.raw_config, version_labels=m.version_labels,
-                               threads=m.threads, environment=environment,
-                               manager=None if managers is None else managers[m.name])
-                   for m in entries)
+        return cls(ServedModel.compose(m.name, m.config, raw_config=m.raw_config, version_labels=m.version_labels,
+                                       threads=m.threads, environment=environment)
+                   for m in deployment.models)
 
     @classmethod
-    def single(cls, name: str, config: ModelConfig, raw_config: Mapping[str, Any] | None = None,
-               manager: Any = None) -> ModelRegistry:
+    def single(cls, name: str, config: ModelConfig, raw_config: Mapping[str, Any] | None = None) -> ModelRegistry:
         """One model (the C ABI's processor)."""
         environment = apply_environment([config])
-        return cls([ServedModel(name, config, raw_config=raw_config, environment=environment, manager=manager)])
+        return cls([ServedModel.compose(name, config, raw_config=raw_config, environment=environment)])
 
     def get(self, name: str) -> ServedModel:
         """The model; NotFound naming the served ones."""

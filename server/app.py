@@ -27,9 +27,8 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
 from processor.deployment import DeploymentConfig
+from processor.served_model import ModelRegistry
 
 from .runtime import ServingRuntime
 
@@ -39,14 +38,14 @@ log = logging.getLogger("server")
 class ServingApp:
     """See the module doc."""
 
-    def __init__(self, deployment: DeploymentConfig, *, managers: dict[str, Any] | None = None,
+    def __init__(self, deployment: DeploymentConfig, *, models: ModelRegistry | None = None,
                  ports_file: str | os.PathLike | None = None,
                  announce: Callable[[str], None] | None = None, worker: bool = False) -> None:
         self.deployment = deployment
         # a supervisor's worker (server/supervisor.py): ports shared with SO_REUSEPORT, models
         # loaded before the ports open (no request meets a loading worker)
         self.worker = worker
-        self.runtime = ServingRuntime(deployment, managers)
+        self.runtime = ServingRuntime(deployment, models)
         self.ports_file = Path(ports_file) if ports_file else None
         self.announce = announce or (lambda line: print(line, flush=True))
         self.http_port: int | None = None

@@ -22,7 +22,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -41,12 +41,13 @@ log = logging.getLogger("server")
 
 
 class ServingRuntime:
-    """See the module doc. ``managers``: stand-in ModelManagers by model name (tests)."""
+    """See the module doc. ``models``: the served models (default: the deployment's, composed;
+    tests give ServedModels built over fakes)."""
 
-    def __init__(self, deployment: DeploymentConfig,
-                 managers: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, deployment: DeploymentConfig, models: ModelRegistry | None = None) -> None:
         self.deployment = deployment
-        self.models = ModelRegistry.from_deployment(deployment, managers)  # the environment first
+        # the environment is applied first (from_deployment), before TensorFlow starts
+        self.models = models if models is not None else ModelRegistry.from_deployment(deployment)
         self.dataplane = DataPlane(self.models)
         self.gate = DrainGate()
         self.metrics = ServerMetrics(lambda: self.models, self._batching_info)

@@ -6,6 +6,8 @@
 * :class:`FakeManager`: a ModelManager for the server's transports (no engine, no model files):
   one version whose signature is :data:`SIGNATURE`, every request answered :data:`ANSWER`,
   admin actions recorded. :class:`FailingManager`: every request fails with a given code.
+* :func:`fake_models` / :func:`fake_processor`: the server's models and a C ABI Processor built
+  over such managers.
 """
 
 from __future__ import annotations
@@ -15,6 +17,10 @@ import threading
 from types import SimpleNamespace
 
 import numpy as np
+
+from processor.config import ModelConfig
+from processor.processor import Processor
+from processor.served_model import ModelRegistry, ServedModel
 
 
 class FakeGroup:
@@ -409,3 +415,16 @@ def fake_manager(store: FakeStore, backend: FakeBackend | None = None, clock: Ma
     backend = backend or FakeBackend(store)
     return ModelManager(name, config, store=store, loader=backend.loader(config),
                         clock=clock or ManualClock())
+
+
+def fake_models(deployment, managers: dict) -> ModelRegistry:
+    """The deployment's models named in ``managers``, each served by its fake manager (no
+    tracer, batching or prediction log): for ``ServingApp(deployment, models=...)``."""
+    return ModelRegistry(ServedModel(m.name, m.config, manager=managers[m.name], raw_config=m.raw_config,
+                                     version_labels=m.version_labels, threads=m.threads)
+                         for m in deployment.models if m.name in managers)
+
+
+def fake_processor(name: str, manager) -> Processor:
+    """A C ABI Processor whose one model is served by ``manager``."""
+    return Processor(ModelRegistry([ServedModel(name, ModelConfig(savedmodel_dir="/nonexistent"), manager=manager)]))

@@ -82,13 +82,6 @@ class Backend(Protocol):
         .OrtEngine``), which batches run on too; None where batches run through :meth:`run`."""
         ...
 
-    def bare_call(self, lane: int, feeds: dict[str, np.ndarray],
-                  fetches: tuple[str, ...]) -> Callable[[], list[np.ndarray]]:
-        """The engine's own call for these checked feeds on ``lane``, everything of ours done
-        beforehand, as a zero-argument function: the limit ``run`` is measured against
-        (benchmarks). Same thread-safety as ``run``."""
-        ...
-
     def run_traced(self, lane: int, feeds: dict[str, np.ndarray],
                    fetches: tuple[str, ...]) -> tuple[list[np.ndarray], EngineTrace]:
         """``run`` with full per-op tracing of this call (see the module doc)."""

@@ -218,12 +218,6 @@ class TensorFlowBackend:
 
     native_engine = None  # batches run through run(): the session is called from Python
 
-    def bare_call(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]):
-        """The lane's TF callable with the inputs in feed order, as a zero-argument call."""
-        fn = self._lane_callables.get((lane, fetches)) or self._make_lane_callable(lane, fetches)
-        args = [feeds[a] for a in self._feed_aliases]
-        return lambda: fn(*args)
-
     def run_traced(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]):
         """``run`` with ``FULL_TRACE``: (outputs, EngineTrace holding the serialized StepStats).
 

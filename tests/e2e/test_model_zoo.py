@@ -117,7 +117,7 @@ def _entry(name: str, backend: str) -> str:
 
 @pytest.fixture(scope="module")
 def server(zoo, tmp_path_factory):
-    from server.launcher import ServerProcess
+    from tools.server_process import ServerProcess
 
     deployment = {"models": [{"name": _entry(name, backend), "model_config": _config(zoo[name][0], backend)}
                              for name, backend in SERVED],

@@ -91,7 +91,7 @@ def backend(request) -> str:
 
 @pytest.fixture(scope="module")
 def server(backend, toy_model, ctr_model_small, tmp_path_factory):
-    from server.launcher import ServerProcess
+    from tools.server_process import ServerProcess
 
     work = tmp_path_factory.mktemp(f"batching-{backend}")
     deployment = {
@@ -375,7 +375,7 @@ def test_metrics_expose_the_batching_families(server, channel):
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("drain_backend", BACKENDS)
 def test_sigterm_answers_every_queued_request_and_exits_0(drain_backend, toy_model, tmp_path):
-    from server.launcher import ServerProcess
+    from tools.server_process import ServerProcess
 
     deployment = {"models": [{"name": "toy", "model_config": backend_config(toy_model, drain_backend, batching=batching(
         max_batch_size=64, batch_timeout_micros=4_000_000, allowed_batch_sizes=[]))}],

@@ -77,7 +77,7 @@ def wait_draining(server, timeout: float = 15) -> None:
 
 @pytest.mark.timeout(120)
 def test_sigterm_drains_in_flight_refuses_new_and_exits(toy_model, tmp_path):
-    from server.launcher import ServerProcess
+    from tools.server_process import ServerProcess
 
     drain_timeout = 20.0
     server = ServerProcess(deployment(toy_model, drain_timeout), tmp_path).start(timeout=120)
@@ -122,7 +122,7 @@ def test_sigterm_drains_in_flight_refuses_new_and_exits(toy_model, tmp_path):
 
 @pytest.mark.timeout(120)
 def test_drain_timeout_cuts_off_and_exits_in_time(toy_model, tmp_path):
-    from server.launcher import ServerProcess
+    from tools.server_process import ServerProcess
 
     drain_timeout = 0.01  # far below one 4M-row request (the native codec made them ~0.1 s)
     server = ServerProcess(deployment(toy_model, drain_timeout), tmp_path).start(timeout=120)
@@ -145,7 +145,7 @@ def test_port_in_use_exits_2_with_a_clear_message(tmp_path):
     import subprocess
     import sys
 
-    from server.launcher import REPO_ROOT
+    from tools.server_process import REPO_ROOT
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -28,7 +28,7 @@ MAX_MESSAGE = 1024
 
 @pytest.fixture(scope="module")
 def server(toy_model, ctr_model_small, tmp_path_factory):
-    from server.launcher import ServerProcess
+    from tools.server_process import ServerProcess
 
     work = tmp_path_factory.mktemp("json_limits")
     deployment = {

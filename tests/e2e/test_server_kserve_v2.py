@@ -35,7 +35,7 @@ def models(toy_model, ctr_model_small):
 
 @pytest.fixture(scope="module")
 def server(models, tmp_path_factory):
-    from server.launcher import ServerProcess
+    from tools.server_process import ServerProcess
 
     work = tmp_path_factory.mktemp("v2")
     deployment = {"models": [{"name": n, "model_config": c} for n, c in models.items()],

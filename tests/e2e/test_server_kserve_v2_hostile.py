@@ -80,7 +80,7 @@ def _odd_models(root: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def server(toy_model, ctr_model_small, tmp_path_factory):
-    from server.launcher import ServerProcess
+    from tools.server_process import ServerProcess
 
     odd = _odd_models(tmp_path_factory.mktemp("odd"))
     models = {"toy": model_config(toy_model), "demo": model_config(ctr_model_small, backend="onnxruntime"),

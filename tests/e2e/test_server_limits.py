@@ -23,7 +23,7 @@ import time
 import grpc
 import pytest
 
-from fakes import ANSWER, SIGNATURE, FakeManager
+from fakes import ANSWER, SIGNATURE, FakeManager, fake_models, fake_processor
 from processor.deployment import DeploymentConfig
 
 TOKEN = "limits-test-token"
@@ -52,7 +52,8 @@ def serving(**top):
     old_level = logger.level
     logger.setLevel(logging.INFO)
     logger.addHandler(records)
-    app = ServingApp(deployment, managers={"m": FakeManager("m")}, announce=lambda line: None)
+    app = ServingApp(deployment, models=fake_models(deployment, {"m": FakeManager("m")}),
+                     announce=lambda line: None)
     thread = threading.Thread(target=app.run, daemon=True)
     thread.start()
     assert app.started.wait(30), "server did not start"
@@ -277,8 +278,6 @@ def test_openapi_lists_the_error_responses(limits):
 
 def test_empty_grpc_predict_is_the_ping_as_on_http_and_the_c_abi(limits):
     from processor import abi
-    from processor.config import ModelConfig
-    from processor.processor import Processor
 
     app, _ = limits
     status, headers, http_body, _ = request(app, "POST", "/api/predict/m", b"")
@@ -291,7 +290,7 @@ def test_empty_grpc_predict_is_the_ping_as_on_http_and_the_c_abi(limits):
         with pytest.raises(grpc.RpcError) as err:
             call(b"", metadata=[("model-name", "nope")], timeout=5)
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
-    handle = Processor("m", ModelConfig(savedmodel_dir="/nonexistent"), {}, manager=FakeManager("m"))
+    handle = fake_processor("m", FakeManager("m"))
     assert abi.process(handle, b"") == (200, http_body) and grpc_body == http_body
 
 

@@ -31,7 +31,7 @@ TOY_X = {"x": np.array([[1.0], [-2.0], [0.25]], np.float32)}
 
 @pytest.fixture(scope="module")
 def server(toy_model, ctr_model_small, tmp_path_factory):
-    from server.launcher import ServerProcess
+    from tools.server_process import ServerProcess
 
     work = tmp_path_factory.mktemp("server")
     deployment = {

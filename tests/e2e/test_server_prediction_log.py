@@ -100,7 +100,7 @@ def send_every_edge(server) -> dict[str, float]:
 
 @pytest.mark.timeout(300)
 def test_every_edge_logs_what_it_sent_and_served_and_sigterm_flushes(toy_model, tmp_path):
-    from server.launcher import ServerProcess
+    from tools.server_process import ServerProcess
 
     logs = tmp_path / "logs"
     config = model_config(toy_model, logging_config={"sampling_rate": 1.0, "path": str(logs)})

@@ -28,7 +28,7 @@ LIMIT = 100
 
 @pytest.fixture(scope="module")
 def server(ctr_model_small, tmp_path_factory):
-    from server.launcher import ServerProcess
+    from tools.server_process import ServerProcess
 
     deployment = {
         "models": [{"name": "demo", "model_config": model_config(ctr_model_small, session_num=2)},

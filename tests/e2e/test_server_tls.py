@@ -151,7 +151,7 @@ def admin_reload(url: str, context: ssl.SSLContext | None = None, token: str | N
 
 @pytest.fixture(scope="module")
 def server(pki, toy_model, tmp_path_factory):
-    from server.launcher import ServerProcess
+    from tools.server_process import ServerProcess
 
     secret = pki.secret
     deployment = {
@@ -327,7 +327,7 @@ def test_rotated_certificate_is_presented_without_failed_requests(server, pki):
 @contextlib.contextmanager
 def in_process(pki, **top):
     """A ServingApp over the fake model ``m`` with TLS from ``pki``; yields it."""
-    from fakes import FakeManager
+    from fakes import FakeManager, fake_models
     from processor.deployment import DeploymentConfig
     from server.app import ServingApp
 
@@ -336,7 +336,8 @@ def in_process(pki, **top):
         "models": [{"name": "m", "model_config": {"savedmodel_dir": "/nonexistent"}}],
         "host": "127.0.0.1", "http_port": 0, "grpc_port": 0, "access_log": False,
         "tls_cert_file": str(secret / "tls.crt"), "tls_key_file": str(secret / "tls.key"), **top})
-    app = ServingApp(deployment, managers={"m": FakeManager("m")}, announce=lambda line: None)
+    app = ServingApp(deployment, models=fake_models(deployment, {"m": FakeManager("m")}),
+                     announce=lambda line: None)
     thread = threading.Thread(target=app.run, daemon=True)
     thread.start()
     assert app.started.wait(30), "server did not start"

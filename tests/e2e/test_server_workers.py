@@ -87,7 +87,7 @@ def gone(pid: int) -> bool:
 
 @pytest.mark.timeout(300)
 def test_two_workers_share_the_weights_and_metrics(dlrm_dir, tmp_path):
-    from server.launcher import ServerProcess
+    from tools.server_process import ServerProcess
 
     inputs = dlrm_onnx.inputs(4)
     with ServerProcess(deployment(dlrm_dir), tmp_path) as server:
@@ -129,7 +129,7 @@ def test_two_workers_share_the_weights_and_metrics(dlrm_dir, tmp_path):
 
 @pytest.mark.timeout(300)
 def test_sigkill_of_a_worker_restarts_it_and_the_server_keeps_answering(dlrm_dir, tmp_path):
-    from server.launcher import ServerProcess
+    from tools.server_process import ServerProcess
 
     inputs = dlrm_onnx.inputs(2)
     with ServerProcess(deployment(dlrm_dir), tmp_path) as server:
@@ -155,7 +155,7 @@ def test_sigkill_of_a_worker_restarts_it_and_the_server_keeps_answering(dlrm_dir
 
 @pytest.mark.timeout(300)
 def test_files_of_a_killed_server_are_removed_at_the_next_start(dlrm_dir, tmp_path):
-    from server.launcher import ServerProcess
+    from tools.server_process import ServerProcess
 
     dead = ServerProcess(deployment(dlrm_dir), tmp_path / "dead").start()
     workers = dead.ports["workers"]
@@ -198,7 +198,7 @@ def test_full_update_and_admin_pin_reach_every_worker_under_load(tmp_path):
     from conftest import model_config
     from demo.toy_model import build_toy_model, write_toy_checkpoint
     from unit.features.helpers import publish_delta
-    from server.launcher import ServerProcess
+    from tools.server_process import ServerProcess
 
     paths = build_toy_model(tmp_path / "toy")
     config = model_config(paths, backend="onnxruntime", file_system_poll_wait_seconds=1)
@@ -251,7 +251,7 @@ def test_a_worker_that_cannot_start_stops_the_server(dlrm_dir, tmp_path):
     import subprocess
     import sys
 
-    from server.launcher import REPO_ROOT
+    from tools.server_process import REPO_ROOT
 
     config = tmp_path / "deployment.json"
     config.write_text(json.dumps({**deployment(dlrm_dir), "tls_cert_file": str(tmp_path / "missing.pem"),
@@ -268,7 +268,7 @@ def test_a_worker_that_cannot_start_stops_the_server(dlrm_dir, tmp_path):
 def test_sigterm_drains_the_requests_in_flight_in_every_worker(toy_model, tmp_path):
     """Slow requests spread over 2 workers (sp_requests_in_flight sums the live workers), SIGTERM
     to the supervisor: every one completes with its answer, the server exits 0."""
-    from server.launcher import ServerProcess
+    from tools.server_process import ServerProcess
     from test_server_drain import ROWS, deployment as drain_deployment, start_slow_requests
 
     server = ServerProcess({**drain_deployment(toy_model, 20.0), "workers": 2}, tmp_path).start(timeout=120)

@@ -107,7 +107,7 @@ def testdata(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(testdata, tmp_path_factory):
-    from server.launcher import ServerProcess
+    from tools.server_process import ServerProcess
 
     def entry(name, path, **extra):
         config = {"savedmodel_dir": str(testdata / path), "session_num": 1}

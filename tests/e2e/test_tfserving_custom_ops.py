@@ -83,7 +83,7 @@ def model_dir(op_library, tmp_path_factory):
 
 
 def test_served_with_its_library_and_refused_without(op_library, model_dir, tmp_path_factory):
-    from server.launcher import ServerProcess
+    from tools.server_process import ServerProcess
 
     config = {"savedmodel_dir": str(model_dir)}
     deployment = {"models": [{"name": "custom", "model_config": {**config, "custom_op_libraries": [str(op_library)]}}],

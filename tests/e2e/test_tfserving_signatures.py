@@ -64,7 +64,7 @@ def export(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(export, tmp_path_factory):
-    from server.launcher import ServerProcess
+    from tools.server_process import ServerProcess
 
     config = {"savedmodel_dir": str(export.parent)}
     deployment = {"models": [

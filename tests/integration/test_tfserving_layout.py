@@ -242,7 +242,7 @@ def test_rest_model_status_through_the_server(versions, tmp_path):
     import json
     import urllib.request
 
-    from server.launcher import ServerProcess
+    from tools.server_process import ServerProcess
 
     base = tmp_path / "m"
     copy_version(versions, base, 1, as_number=5)

@@ -173,7 +173,7 @@ class OnnxRuntimeBackend:
         # are checked against the signature already, so requests call the binding's run itself.
         self._lane_run = [self._session_run(self._sessions[d.session]) for d in plan.lanes]
         why_not = ("GPU lanes serve through the ONNX Runtime Python binding"
-                   if plan.on_gpu and not native_engine.GPU_LANES else
+                   if plan.on_gpu and not config.native_engine_gpu_lanes else
                    "device placement splits the graph; its two parts run through the Python binding"
                    if self._split is not None else
                    f"string inputs {sorted(self._strings)} are not hashed" if self._strings else "")
@@ -321,12 +321,6 @@ class OnnxRuntimeBackend:
         """The native engine (see :mod:`.native_engine`), or None where it does not serve."""
         return self._engine
 
-    def bare_call(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]):
-        """The binding's run on ``lane`` (both parts of a split graph) with the inputs converted once,
-        as a zero-argument call."""
-        run, names, ort_feeds = self._lane_run[lane], self._output_list(fetches), self._feeds(feeds)
-        return lambda: run(names, ort_feeds, None)
-
     def run_traced(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]):
         """``run`` on a fresh profiling session: (outputs, EngineTrace of per-op events).
 
@@ -413,12 +407,12 @@ class OnnxRuntimeBackend:
         rows ``values[i]`` go to rows ``rows[i]``. Raises KeyError for an unknown parameter,
         ValueError for a shape mismatch. Every copy is written, the host's and each GPU's
         (:class:`.param_buffers.Parameters`): CPU and GPU lanes alike see it on their next run.
-        ConfigError where the native engine serves GPU lanes (``native_engine.GPU_LANES``, a
-        benchmark switch): its sessions read their own copies, which no write reaches.
+        ConfigError where the native engine serves GPU lanes (``native_engine_gpu_lanes``): its
+        sessions read their own copies, which no write reaches.
         """
         if self._native_gpu_copies:
             raise ConfigError("in-place parameter updates do not reach the native engine's GPU sessions "
-                              "(native_engine.GPU_LANES); a full reload works")
+                              "(native_engine_gpu_lanes); a full reload works")
         key = self._by_variable.get(name, name)
         shape = self._parameters.shape(key)
         values = np.asarray(values, dtype=self._parameters.dtype(key))
@@ -503,7 +497,7 @@ class OnnxRuntimeBackend:
             shutil.rmtree(self._profile_dir, ignore_errors=True)
             self._profile_dir = None
         # Sessions first, then the buffers they read: each place frees its memory once the last
-        # of its sessions is gone (at once, unless a caller still holds one: a bare_call).
+        # of its sessions is gone (at once, unless a caller still holds one: a benchmark's bare engine call).
         self._sessions = []
         self._lane_run = []
         self._engine = None
@@ -511,7 +505,7 @@ class OnnxRuntimeBackend:
         if parameters is not None:
             parameters.release()
         segment, self._segment = getattr(self, "_segment", None), None
-        if segment is not None:  # the mapping lives on while a bare_call holds a session
+        if segment is not None:  # the mapping lives on while a bare engine call holds a session
             segment.release()
 
     def _table_places(self) -> dict[str, list[str]] | str:

@@ -31,11 +31,6 @@ from ... import native
 from ...signature import Signature
 from .. import pinning
 
-# Whether GPU lanes use the engine too (their sessions get the CUDA execution provider). Off
-# until shown on a GPU machine: the binding's own copy of ONNX Runtime loads the CUDA provider
-# library as well.
-GPU_LANES = False
-
 
 def runtime_library() -> str | None:
     """The ONNX Runtime C library of the installed onnxruntime package, or None."""

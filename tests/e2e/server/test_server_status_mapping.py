@@ -18,12 +18,10 @@ import grpc
 import numpy as np
 import pytest
 
-from fakes import FailingManager
+from fakes import FailingManager, fake_models, fake_processor
 from processor import abi, codec
-from processor.config import ModelConfig
 from processor.deployment import DeploymentConfig
 from processor.errors import STATUS_TABLE, ProcessorError, StatusCode
-from processor.processor import Processor
 
 CODES = [c for c in StatusCode if c != StatusCode.OK]
 
@@ -53,7 +51,7 @@ def server():
         "models": [{"name": model_name(c), "model_config": {"savedmodel_dir": "/nonexistent"}} for c in CODES],
         "host": "127.0.0.1", "http_port": 0, "grpc_port": 0, "access_log": False})
     managers = {model_name(c): FailingManager(model_name(c), c) for c in CODES}
-    app = ServingApp(deployment, managers=managers, announce=lambda line: None)
+    app = ServingApp(deployment, models=fake_models(deployment, managers), announce=lambda line: None)
     thread = threading.Thread(target=app.run, daemon=True)
     thread.start()
     assert app.started.wait(30), "server did not start"
@@ -106,7 +104,7 @@ def grpc_v2(channel, name: str) -> grpc.RpcError:
 
 def c_abi(code: StatusCode) -> tuple[int, bytes]:
     name = model_name(code)
-    handle = Processor(name, ModelConfig(savedmodel_dir="/nonexistent"), {}, manager=FailingManager(name, code))
+    handle = fake_processor(name, FailingManager(name, code))
     return abi.process(handle, REQUEST)
 
 

@@ -12,6 +12,7 @@ import gc
 import numpy as np
 import pytest
 
+from benchmarks.bare_engine import bare_call
 from demo import dlrm_onnx
 from processor.checkpoint.delta import Delta
 from processor.config import ModelConfig
@@ -108,7 +109,7 @@ def test_backend_sessions_share_one_host_copy_and_release_it_after_close(dlrm_di
     assert place["location"] == "cpu" and place["sessions"] == 3 and not place["released"]
     buffers = backend._parameters.sets[None]
     feeds = {"dense": dlrm_onnx.inputs(4)["dense"], "sparse": dlrm_onnx.inputs(4)["sparse"]}
-    held = backend.bare_call(1, feeds, ("prob",))  # keeps lane 1's session alive past close
+    held = bare_call(backend, 1, feeds, ("prob",))  # keeps lane 1's session alive past close
     want = held()
     group.close()
     assert not buffers.released and buffers.live_sessions == 1

@@ -1,0 +1,99 @@
+"""The use-case layer over fakes: DataPlane routing and checks, ServedModel built from its parts.
+
+Fast logic tests of our own code (tests/fakes.py); the real models and servers are tested in
+tests/integration and tests/e2e."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from fakes import ANSWER, SIGNATURE, FailingManager, FakeManager
+from processor.config import ModelConfig
+from processor.dataplane import DataPlane
+from processor.errors import DeadlineExceeded, InvalidArgument, NotFound, ProcessorError, StatusCode
+from processor.request import PredictCall
+from processor.served_model import ModelRegistry, ServedModel
+
+CONFIG = ModelConfig(savedmodel_dir="/nonexistent")
+
+
+class CountingManager(FakeManager):
+    """A FakeManager that counts handle acquires."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.acquired = 0
+
+    def acquire_handle(self):
+        self.acquired += 1
+        return super().acquire_handle()
+
+
+def dataplane(*managers, labels=None) -> DataPlane:
+    return DataPlane(ModelRegistry(ServedModel(m.name, CONFIG, manager=m, version_labels=labels) for m in managers))
+
+
+def test_an_unknown_model_is_not_found_naming_the_served_ones():
+    with pytest.raises(NotFound, match=r"serving \['a', 'b'\]"):
+        dataplane(FakeManager("a"), FakeManager("b")).predict(PredictCall("c", b"\x0a\x00"))
+
+
+def test_the_empty_wire_request_is_the_signature_ping_and_others_are_served():
+    plane = dataplane(FakeManager("m"))
+    ping = plane.predict(PredictCall("m", b""))
+    assert ping.introspection and json.loads(ping.outputs) == SIGNATURE
+    answered = plane.predict(PredictCall("m", b"\x0a\x01x"))
+    assert answered.outputs == ANSWER and not answered.introspection
+
+
+@pytest.mark.parametrize("code", [StatusCode.UNAVAILABLE, StatusCode.NOT_FOUND, StatusCode.INTERNAL])
+def test_a_manager_failure_reaches_the_caller_with_its_code(code):
+    with pytest.raises(ProcessorError) as info:
+        dataplane(FailingManager("m", code)).predict(PredictCall("m", b"\x0a\x01x"))
+    assert info.value.code == code
+
+
+def test_a_passed_deadline_is_refused_before_the_model_is_touched():
+    manager = CountingManager("m")
+    with pytest.raises(DeadlineExceeded):
+        dataplane(manager).predict(PredictCall("m", b"\x0a\x01x", deadline=time.monotonic() - 1))
+    assert manager.acquired == 0
+
+
+def test_version_labels_resolve_and_an_unknown_label_or_both_are_invalid():
+    plane = dataplane(FakeManager("m"), labels={"stable": 3})
+    with pytest.raises(InvalidArgument, match="Unrecognized servable version label"):
+        plane.predict(PredictCall("m", b"\x0a\x01x", label="canary"))
+    with pytest.raises(InvalidArgument, match="cannot be supplied"):
+        plane.predict(PredictCall("m", b"\x0a\x01x", version=3, label="stable"))
+
+
+def test_small_requests_run_in_place_only_where_the_group_serves_natively():
+    manager = CountingManager("m")
+    plane = dataplane(manager)
+    assert plane.try_inline(PredictCall("m", b"\x0a\x01x"), 8192) is None  # the fake holds the GIL
+    assert plane.try_inline(PredictCall("m", b"x" * 100), 10) is None  # over the size: not even looked at
+    assert plane.try_inline(PredictCall("nope", b"\x0a\x01x"), 8192) is None
+    assert not plane.runs_in_place("m") and not plane.runs_in_place("nope")
+    assert not plane.inline_hint("m")
+    assert manager.acquired == 2  # try_inline once, runs_in_place once
+
+
+def test_a_served_model_is_built_from_its_parts_and_delegates_to_its_manager():
+    manager = FakeManager("m")
+    manager.stats = {"full_loads": 1}
+    model = ServedModel("m", CONFIG, manager=manager, version_labels={"stable": 1}, threads=3)
+    assert (model.tracer, model.batching, model.prediction_log) == (None, None, None)
+    assert model.stats == {"full_loads": 1} and model.ready and model.state == "ready"
+    info = model.info()
+    assert info["inference_threads"] == 3 and info["version_labels"] == {"stable": 1}
+    assert info["tf_serving_version"] is None and "timeline" not in info and "prediction_log" not in info
+    model.rollback()
+    model.rollback(7)
+    model.unpin()
+    model.reload()
+    assert manager.actions == ["rollback", "pin 7", "unpin", "reload"]
+    model.close()
