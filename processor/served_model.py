@@ -39,6 +39,7 @@ class ManagerPort(Protocol):
     ready: bool
     last_error: str | None
     stats: dict[str, Any]
+    features: Any  # the FeatureStore once started, or None (embeddings in TensorFlow)
 
     def start(self) -> None: ...
     def close(self) -> None: ...
@@ -172,8 +173,8 @@ class ServedModel:
     def feature_store_metrics(self) -> dict[str, Any] | None:
         """The feature store's counters (:meth:`processor.features.store_metrics.StoreMetrics.snapshot`),
         or None when the tables are TensorFlow variables."""
-        metrics = getattr(getattr(self.manager, "features", None), "metrics", None)
-        return metrics.snapshot() if metrics is not None else None
+        features = self.manager.features
+        return features.metrics.snapshot() if features is not None else None
 
     def batching_info(self) -> dict[str, Any] | None:
         """The batching settings and counters (the reference queue and the served version's

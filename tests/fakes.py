@@ -105,6 +105,7 @@ class FakeManager:
     def __init__(self, name: str) -> None:
         self.name = name
         self.state, self.ready, self.last_error, self.stats = "ready", True, None, {}
+        self.features = None
         self.actions: list[str] = []
         self.pinned: int | None = None
 

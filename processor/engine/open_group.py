@@ -49,11 +49,11 @@ def open_session_group(config: ModelConfig, version: ModelVersion, features=None
         except ImportError as exc:
             raise ConfigError(f"backend: onnxruntime is not installed ({exc}); install the 'cpu' "
                               f"(onnxruntime) or 'gpu' (onnxruntime-gpu) extra") from None
-        backend: Backend = OnnxRuntimeBackend(config, version, device_plan.plan_for(config, engine))
+        backend: Backend = OnnxRuntimeBackend.open(config, version, device_plan.plan_for(config, engine))
     else:
         from .tensorflow_backend import TensorFlowBackend
 
         plan = device_plan.plan_for(config, engine)
-        backend = TensorFlowBackend(config, version, lanes=len(plan.lanes), devices=plan, features=features)
+        backend = TensorFlowBackend.open(config, version, lanes=len(plan.lanes), devices=plan, features=features)
     return SessionGroup(backend, config.select_session_policy, version, time.monotonic() - started,
                         batching, RowSplitter.from_config(config, backend.lanes))

@@ -53,12 +53,14 @@ class TensorFlowBackend:
 
     def __init__(self, config: ModelConfig, version: ModelVersion, lanes: int,
                  devices: device_plan.DevicePlan | None = None, features=None) -> None:
-        tf = _tf()
-        from tensorflow.python.saved_model import loader_impl
-
+        """Cheap: what to load and where; :meth:`load` (or :meth:`open`) loads it."""
         self.lanes = lanes
         self._config = config
         self._version = version
+        self._devices = devices or device_plan.cpu_plan(lanes)
+        self._features = features
+        self._session = None
+        self._embedding: embedding_lookup.EmbeddingService | None = None
         self._callables: dict[tuple[int, tuple[str, ...]], Any] = {}  # (graph copy, fetches)
         # The request path's callables, by (lane, fetches): the lane's run options built in.
         self._lane_callables: dict[tuple[int, tuple[str, ...]], Any] = {}
@@ -66,12 +68,28 @@ class TensorFlowBackend:
         # Other signatures' callables, by (lane, signature name, fetches), on graph copy 0.
         self._signature_callables: dict[tuple[int, str, tuple[str, ...]], Any] = {}
 
+    @classmethod
+    def open(cls, config: ModelConfig, version: ModelVersion, lanes: int,
+             devices: device_plan.DevicePlan | None = None, features=None) -> TensorFlowBackend:
+        """A backend with ``version`` loaded (:meth:`load`); raises as it does."""
+        backend = cls(config, version, lanes, devices, features)
+        backend.load()
+        return backend
+
+    def load(self) -> None:
+        """Import the SavedModel's graph into a new Session with one inter-op pool per lane,
+        restore its weights (or serve its lookups from the feature store), build the lane graphs
+        and pin the pools. Raises ConfigError (custom op libraries), NotFound (the signature),
+        Internal (a broken model or checkpoint), having closed what it opened."""
+        tf = _tf()
+        from tensorflow.python.saved_model import loader_impl
+
+        config, version, lanes, features = self._config, self._version, self.lanes, self._features
         session_config = tf.compat.v1.ConfigProto(
             intra_op_parallelism_threads=config.intra_op_parallelism_threads,
             inter_op_parallelism_threads=config.inter_op_parallelism_threads,
             allow_soft_placement=True,
         )
-        self._devices = devices or device_plan.cpu_plan(lanes)
         device_plan.configure_tf_gpus(session_config, self._devices, config.session_num)
         device_plan.configure_tf_cpus(session_config, self._devices)
         per_lane_pools = config.use_per_session_threads
@@ -124,7 +142,6 @@ class TensorFlowBackend:
         self._graph = tf.Graph()
         with pinning.creation_lock, pinning.new_threads() as created:
             self._session = tf.compat.v1.Session(graph=self._graph, config=session_config)
-        self._embedding: embedding_lookup.EmbeddingService | None = None
         try:
             with self._graph.as_default():
                 loader.load_graph(self._graph, SERVE_TAGS)
@@ -371,10 +388,10 @@ class TensorFlowBackend:
         }
 
     def close(self) -> None:
-        embedding, self._embedding = getattr(self, "_embedding", None), None
+        embedding, self._embedding = self._embedding, None
         if embedding is not None:
             embedding.close()
-        session, self._session = getattr(self, "_session", None), None
+        session, self._session = self._session, None
         if session is not None:
             session.close()
         self._callables = {}

@@ -42,7 +42,7 @@ from typing import Any
 
 from ..config import ModelConfig
 from ..engine.session_group import SessionGroup
-from ..features import open_feature_store
+from ..features import FeatureStore, open_feature_store
 from ..errors import NotFound, ProcessorError, Unavailable
 from ..store.checkpoint_layout import latest_version
 from ..store.model_store import ModelStore
@@ -86,10 +86,11 @@ class ModelManager:
         self.stats = {"full_loads": 0, "delta_updates": 0, "failed_updates": 0,
                       "last_full_load_seconds": None, "last_delta_seconds": None,
                       "last_delta_hold_seconds": None}
-        # Embedding tables outside TensorFlow (feature_store_type / ev_storage_type); None: in TF.
-        self.features = open_feature_store(config, name)
-        # ``batching``: the model's ModelBatching, for the native queue of each group it opens.
-        self.loader = loader or VersionLoader(config, self.store, self.features, batching=batching)
+        # Embedding tables outside TensorFlow (feature_store_type / ev_storage_type; None: in
+        # TF) and the loader over them: made by start(), where a remote store is first probed.
+        self.features: FeatureStore | None = None
+        self.loader: VersionLoader | None = loader
+        self._batching = batching  # the model's ModelBatching, for each group's native queue
 
     @property
     def state(self) -> VersionState:
@@ -107,6 +108,9 @@ class ModelManager:
         Waits up to ``init_timeout_minutes`` (-1: forever) for a version to appear and for a
         remote feature store that was unreachable at construction to answer.
         """
+        if self.loader is None:
+            self.features = open_feature_store(self.config, self.name)
+            self.loader = VersionLoader(self.config, self.store, self.features, batching=self._batching)
         if self.config.warmup_file_name:
             self._warmup_file = read_warmup_file(self.config.warmup_file_name)
         timeout = self.config.init_timeout_minutes
@@ -115,7 +119,7 @@ class ModelManager:
             if self._state is VersionState.CLOSED:
                 raise Unavailable(f"model {self.name!r} was closed before it served a version")
             try:
-                check_store = getattr(self.features, "check_up", None)
+                check_store = getattr(self.features, "check_up", None)  # remote stores have one
                 if check_store is not None:  # a remote store down: fail (or wait) before loading
                     check_store()
                 version = self.discover()

@@ -103,10 +103,30 @@ class OnnxRuntimeBackend:
     engine_name = "onnxruntime"
 
     def __init__(self, config: ModelConfig, version: ModelVersion, plan: device_plan.DevicePlan) -> None:
+        """Cheap: what to load and where; :meth:`load` (or :meth:`open`) loads it."""
         self._config = config
+        self._version = version
         self._plan = plan
         self.lanes = len(plan.lanes)
         self._sessions: list[Any] = []
+        self._lane_run: list[Any] = []
+        self._engine = None
+        self._parameters: Parameters | None = None
+        self._segment = None
+        self._profile_dir: str | None = None
+
+    @classmethod
+    def open(cls, config: ModelConfig, version: ModelVersion, plan: device_plan.DevicePlan) -> OnnxRuntimeBackend:
+        """A backend with ``version`` loaded (:meth:`load`); raises as it does."""
+        backend = cls(config, version, plan)
+        backend.load()
+        return backend
+
+    def load(self) -> None:
+        """Convert (or reuse) the model's ONNX graph, place its parameters (shared memory when
+        workers run), open one session per lane group and the native engine where it serves.
+        Raises ConfigError / Internal, having closed what it opened."""
+        config, version, plan = self._config, self._version, self._plan
         self._prepared = prepare(version.savedmodel_dir, version, config.signature_name)
         self.signature = self._prepared.signature
         # tf2onnx converts one signature (the config's signature_name): a request naming another
@@ -138,12 +158,10 @@ class OnnxRuntimeBackend:
             self._session_lanes.setdefault(d.session, []).append(d.lane)
         self._pins: list[dict[str, Any]] = []
         self._trace_lock = threading.Lock()
-        self._profile_dir: str | None = None
         self._placement = placement.plan_placement(config.enable_device_placement_optimization,
                                                    self._prepared.model_path, plan.on_gpu)
         self._split = self._placement.split
         # workers > 1: the parameters live in one shared-memory segment for every worker
-        self._segment = None
         params = None
         if shared_segments.active() is not None:
             try:
@@ -159,7 +177,6 @@ class OnnxRuntimeBackend:
         needs: dict[int | None, set[str]] = {}
         for part in (part for parts in self._parts for part in parts):
             needs.setdefault(part.device.gpu, set()).update(part.parameters)
-        self._parameters: Parameters | None = None
         try:
             self._parameters = Parameters(params, needs)
             del params  # parameters only a GPU needs leave host memory
@@ -501,10 +518,10 @@ class OnnxRuntimeBackend:
         self._sessions = []
         self._lane_run = []
         self._engine = None
-        parameters, self._parameters = getattr(self, "_parameters", None), None
+        parameters, self._parameters = self._parameters, None
         if parameters is not None:
             parameters.release()
-        segment, self._segment = getattr(self, "_segment", None), None
+        segment, self._segment = self._segment, None
         if segment is not None:  # the mapping lives on while a bare engine call holds a session
             segment.release()
 

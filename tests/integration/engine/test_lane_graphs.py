@@ -34,7 +34,7 @@ def _group(paths, plan: gpu.DevicePlan, **overrides):
     from processor.features import open_feature_store
 
     features = open_feature_store(config, "lanes")  # None unless the config asks for a store
-    backend = TensorFlowBackend(config, version, lanes=len(plan.lanes), devices=plan, features=features)
+    backend = TensorFlowBackend.open(config, version, lanes=len(plan.lanes), devices=plan, features=features)
     return SessionGroup(backend, config.select_session_policy, version, 0.0)
 
 
