@@ -12,15 +12,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from processor.errors import NotFound
-from processor.manager.version_state import VersionState
+from processor.manager.model_state import ModelState
 from processor.request import requested_version, version_number
 from processor.signature import Signature
 
 PREDICT_METHOD = "tensorflow/serving/predict"
 
-# VersionState -> TF Serving's ModelVersionStatus.State name (a plain state string looks up the same).
-_STATES = {VersionState.NEW: "START", VersionState.LOADING: "LOADING", VersionState.WARMING: "LOADING",
-           VersionState.READY: "AVAILABLE", VersionState.FAILED: "END", VersionState.CLOSED: "END"}
+# ModelState -> TF Serving's ModelVersionStatus.State name (a plain state string looks up the same).
+_STATES = {ModelState.NEW: "START", ModelState.LOADING: "LOADING", ModelState.WARMING: "LOADING",
+           ModelState.READY: "AVAILABLE", ModelState.FAILED: "END", ModelState.CLOSED: "END"}
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ The parts, each in its own module: what to do with a version the store names is 
 :func:`~processor.manager.policy.next_action`; the steps of a load or a delta (materialize,
 open, apply deltas, warm up, close on failure) are the
 :class:`~processor.manager.loader.VersionLoader`'s; the model's state moves through
-:func:`~processor.manager.version_state.transition`, which refuses a move its table does not
+:func:`~processor.manager.model_state.transition`, which refuses a move its table does not
 allow. The manager holds the served handle, the pin, the history and the failures, and swaps.
 The loader and the clock (``monotonic()``, ``sleep()``; the ``time`` module by default) may be
 injected: tests run the manager over fakes.
@@ -51,7 +51,7 @@ from ..store.version_watcher import VersionWatcher
 from .loader import VersionLoader
 from .policy import Action, Failure, next_action, record_failure
 from .servable_handle import ServableHandle
-from .version_state import VersionState, transition
+from .model_state import ModelState, transition
 from .warmup import read_warmup_file
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ class ModelManager:
         self._failures: dict[ModelVersion, Failure] = {}
         self._warmup_file: bytes | None = None
         self._watcher: VersionWatcher | None = None
-        self._state = VersionState.NEW
+        self._state = ModelState.NEW
         self.last_error: str | None = None
         self.last_warmup: dict | None = None
         self.stats = {"full_loads": 0, "delta_updates": 0, "failed_updates": 0,
@@ -93,11 +93,11 @@ class ModelManager:
         self._batching = batching  # the model's ModelBatching, for each group's native queue
 
     @property
-    def state(self) -> VersionState:
-        """The model's :class:`~processor.manager.version_state.VersionState` (a ``str``)."""
+    def state(self) -> ModelState:
+        """The model's :class:`~processor.manager.model_state.ModelState` (a ``str``)."""
         return self._state
 
-    def _to(self, state: VersionState) -> None:
+    def _to(self, state: ModelState) -> None:
         self._state = transition(self._state, state)
 
     # --- lifecycle --------------------------------------------------------------------------
@@ -116,7 +116,7 @@ class ModelManager:
         timeout = self.config.init_timeout_minutes
         deadline = None if timeout < 0 else self._clock.monotonic() + timeout * 60
         while True:
-            if self._state is VersionState.CLOSED:
+            if self._state is ModelState.CLOSED:
                 raise Unavailable(f"model {self.name!r} was closed before it served a version")
             try:
                 check_store = getattr(self.features, "check_up", None)  # remote stores have one
@@ -147,7 +147,7 @@ class ModelManager:
     def reconcile(self, target: ModelVersion) -> None:
         """Make ``target`` the served version (full load or delta); keep serving on failure."""
         with self._lock:
-            if self._state is VersionState.CLOSED:
+            if self._state is ModelState.CLOSED:
                 return
             action = next_action(self.served_version(), target, self._failures, self._pinned,
                                  self._clock.monotonic())
@@ -162,7 +162,7 @@ class ModelManager:
     def load(self, version: ModelVersion) -> None:
         """Load ``version`` into a new group and swap it in; raise (and keep serving) on failure."""
         with self._lock:
-            if self._state is VersionState.CLOSED:
+            if self._state is ModelState.CLOSED:
                 raise Unavailable(f"model {self.name!r} is closed")
             try:
                 self._load_locked(version)
@@ -172,18 +172,18 @@ class ModelManager:
 
     def _load_locked(self, version: ModelVersion) -> None:
         if self._current is None:
-            self._to(VersionState.LOADING)
+            self._to(ModelState.LOADING)
         started = self._clock.monotonic()
 
         def warming() -> None:
             if self._current is None:
-                self._to(VersionState.WARMING)
+                self._to(ModelState.WARMING)
 
         try:
             loaded = self.loader.load(version, self._warmup_file, on_warming=warming)
         except Exception:
             if self._current is None:  # LOADING or WARMING: nothing serves
-                self._to(VersionState.FAILED)
+                self._to(ModelState.FAILED)
             raise
         self.last_warmup = loaded.warmup
         old, self._current = self._current, ServableHandle(loaded.group)
@@ -204,7 +204,7 @@ class ModelManager:
         self.stats[timing] = round(seconds, 4)
         self._failures.pop(version, None)
         self._history = [v for v in self._history if v != version][-(_HISTORY - 1):] + [version]
-        self._to(VersionState.READY)
+        self._to(ModelState.READY)
         self.last_error = None
         log.info("%s: serving version %s (%.3f s)", self.name, version.label, seconds)
 
@@ -220,8 +220,8 @@ class ModelManager:
 
     def _note_error(self, err: ProcessorError) -> None:
         self.last_error = err.message
-        if self._current is None and self._state is not VersionState.CLOSED:
-            self._to(VersionState.FAILED)
+        if self._current is None and self._state is not ModelState.CLOSED:
+            self._to(ModelState.FAILED)
 
     # --- rollback and pinning ---------------------------------------------------------------
 
@@ -264,7 +264,7 @@ class ModelManager:
             self._watcher.stop(timeout=5)
         with self._lock:
             old, self._current = self._current, None
-            self._to(VersionState.CLOSED)
+            self._to(ModelState.CLOSED)
         if old is not None:
             old.retire()
         if self.features is not None:

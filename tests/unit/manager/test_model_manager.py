@@ -10,7 +10,7 @@ import pytest
 
 from fakes import FailingBackend, FakeBackend, FakeStore, ManualClock, SlowBackend, fake_manager
 from processor.errors import Internal, NotFound, Unavailable
-from processor.manager.version_state import VersionState
+from processor.manager.model_state import ModelState
 
 
 def update(m):
@@ -33,9 +33,9 @@ def store():
 def test_start_serves_the_newest_full_and_its_newest_delta(store):
     store.add_full(5)
     m = fake_manager(store)
-    assert m.state is VersionState.NEW and not m.ready
+    assert m.state is ModelState.NEW and not m.ready
     m.start()
-    assert m.state is VersionState.READY and m.ready
+    assert m.state is ModelState.READY and m.ready
     assert served(m) == (10, (12,))
     info = m.info()
     assert (info["state"], info["version"]["label"], info["history"]) == ("ready", "10+12", ["10+12"])
@@ -68,10 +68,10 @@ def test_the_first_load_goes_loading_warming_ready(store):
 
     m = fake_manager(store, Recording(store))
     m.start()
-    assert seen + [m.state] == [VersionState.LOADING, VersionState.WARMING, VersionState.READY]
+    assert seen + [m.state] == [ModelState.LOADING, ModelState.WARMING, ModelState.READY]
     store.add_full(20)
     update(m)  # a later load behind the served version: the model stays ready
-    assert seen[2:] == [VersionState.READY, VersionState.READY]
+    assert seen[2:] == [ModelState.READY, ModelState.READY]
 
 
 def test_a_newer_full_is_loaded_and_swapped_in_the_old_group_closed(store):
@@ -123,7 +123,7 @@ def test_a_broken_version_keeps_the_served_one_and_is_not_retried_until_due_or_n
     m.start()
     (store.add_full if kind == "full" else store.add_delta)(20)
     update(m)
-    assert served(m) == (10, (12,)) and m.state is VersionState.READY
+    assert served(m) == (10, (12,)) and m.state is ModelState.READY
     info = m.info()
     assert [(f["version"], f["attempts"]) for f in info["failed_versions"]] == [
         ("20" if kind == "full" else "10+20", 1)]
@@ -146,7 +146,7 @@ def test_a_broken_version_keeps_the_served_one_and_is_not_retried_until_due_or_n
     (store.add_full if kind == "full" else store.add_delta)(30)  # something newer: tried at once
     update(m)
     assert m.served_version().label == ("30" if kind == "full" else "10+30")
-    assert m.last_error is None and m.state is VersionState.READY
+    assert m.last_error is None and m.state is ModelState.READY
     assert [(f["version"], f["attempts"]) for f in m.info()["failed_versions"]] == [
         ("20" if kind == "full" else "10+20", 2)]  # the broken one stays recorded
 
@@ -156,7 +156,7 @@ def test_nothing_servable_at_start_fails_and_says_why():
     m = fake_manager(store)
     with pytest.raises(Unavailable, match="no complete full checkpoint"):
         m.start()
-    assert m.state is VersionState.FAILED
+    assert m.state is ModelState.FAILED
     with pytest.raises(Unavailable, match=r"has no version ready \(failed\): .*no complete full checkpoint"):
         m.acquire_handle()
 
@@ -173,7 +173,7 @@ def test_start_waits_for_a_first_version_on_its_clock():
     clock = TrainerClock()
     m = fake_manager(store, clock=clock, init_timeout_minutes=1)
     m.start()
-    assert served(m) == (7, ()) and clock.sleeps == [1.0, 1.0, 1.0] and m.state is VersionState.READY
+    assert served(m) == (7, ()) and clock.sleeps == [1.0, 1.0, 1.0] and m.state is ModelState.READY
 
 
 def test_start_gives_up_at_init_timeout():
@@ -181,7 +181,7 @@ def test_start_gives_up_at_init_timeout():
     m = fake_manager(FakeStore(), clock=clock, init_timeout_minutes=0.5)
     with pytest.raises(Unavailable):
         m.start()
-    assert sum(clock.sleeps) == 30.0 and m.state is VersionState.FAILED
+    assert sum(clock.sleeps) == 30.0 and m.state is ModelState.FAILED
 
 
 def test_a_failing_engine_at_start_then_a_good_version():
@@ -190,10 +190,10 @@ def test_a_failing_engine_at_start_then_a_good_version():
     m = fake_manager(store, backend)
     with pytest.raises(Internal, match="version 10 rejected"):
         m.start()
-    assert m.state is VersionState.FAILED and backend.groups[0].closed == 1
+    assert m.state is ModelState.FAILED and backend.groups[0].closed == 1
     backend.at = None
     m.load(m.discover())  # FAILED -> LOADING -> WARMING -> READY
-    assert m.state is VersionState.READY and served(m) == (10, ())
+    assert m.state is ModelState.READY and served(m) == (10, ())
 
 
 def test_pin_unpin_and_rollback(store):
@@ -267,7 +267,7 @@ def test_requests_are_served_by_the_old_group_while_the_new_one_loads(store):
     loading.start()
     try:
         assert backend.entered.wait(10)
-        assert served(m) == (10, (12,)) and m.state is VersionState.READY  # the load is under way
+        assert served(m) == (10, (12,)) and m.state is ModelState.READY  # the load is under way
     finally:
         backend.release.set()
         loading.join(10)
@@ -279,7 +279,7 @@ def test_close(store):
     m = fake_manager(store, backend)
     m.start()
     m.close()
-    assert m.state is VersionState.CLOSED and not m.ready and backend.groups[0].closed == 1
+    assert m.state is ModelState.CLOSED and not m.ready and backend.groups[0].closed == 1
     with pytest.raises(Unavailable, match=r"no version ready \(closed\)"):
         m.acquire_handle()
     store.add_full(20)
@@ -287,7 +287,7 @@ def test_close(store):
     with pytest.raises(Unavailable, match="closed"):
         m.load(m.discover())
     m.close()  # twice: nothing more
-    assert len(backend.groups) == 1 and backend.groups[0].closed == 1 and m.state is VersionState.CLOSED
+    assert len(backend.groups) == 1 and backend.groups[0].closed == 1 and m.state is ModelState.CLOSED
 
 
 def test_a_remote_store_serves_its_local_copy_and_reports_the_stores_urls():

@@ -9,10 +9,10 @@ import json
 import pytest
 
 from processor.errors import StatusCode
-from processor.manager.version_state import TRANSITIONS, IllegalTransition, VersionState, transition
+from processor.manager.model_state import TRANSITIONS, IllegalTransition, ModelState, transition
 from server import tfserving
 
-S = VersionState
+S = ModelState
 ALLOWED = {
     (S.NEW, S.LOADING), (S.NEW, S.FAILED), (S.NEW, S.CLOSED),
     (S.LOADING, S.WARMING), (S.LOADING, S.FAILED), (S.LOADING, S.CLOSED),

@@ -1,4 +1,4 @@
-"""VersionState: the serving state of one model, and the transitions it may take.
+"""ModelState: the serving state of one model, and the transitions it may take.
 
 The state says whether the model can answer requests, not what a background update is doing:
 while a newer version loads behind a served one, the model stays ``READY``. ``LOADING`` and
@@ -24,7 +24,7 @@ any        CLOSED                                      :meth:`ModelManager.close
 (the served version keeps serving; the failure is recorded apart). :func:`transition` is the only
 way the manager changes its state: it refuses any move not in :data:`TRANSITIONS`.
 
-The values are the strings model info has always reported (``"ready"``...); a ``VersionState``
+The values are the strings model info has always reported (``"ready"``...); a ``ModelState``
 is a ``str`` (``StrEnum``), so it compares, formats and serializes to JSON as that string.
 """
 
@@ -35,7 +35,7 @@ from enum import StrEnum
 from ..errors import Internal
 
 
-class VersionState(StrEnum):
+class ModelState(StrEnum):
     """See the module doc."""
 
     NEW = "new"
@@ -46,10 +46,10 @@ class VersionState(StrEnum):
     CLOSED = "closed"
 
 
-_S = VersionState
+_S = ModelState
 
 #: state -> the states it may move to (see the module doc's table).
-TRANSITIONS: dict[VersionState, frozenset[VersionState]] = {
+TRANSITIONS: dict[ModelState, frozenset[ModelState]] = {
     _S.NEW: frozenset({_S.LOADING, _S.FAILED, _S.CLOSED}),
     _S.LOADING: frozenset({_S.WARMING, _S.FAILED, _S.CLOSED}),
     _S.WARMING: frozenset({_S.READY, _S.FAILED, _S.CLOSED}),
@@ -63,7 +63,7 @@ class IllegalTransition(Internal):
     """A state change the table does not allow (a bug in the caller, never a user error)."""
 
 
-def transition(current: VersionState, new: VersionState) -> VersionState:
+def transition(current: ModelState, new: ModelState) -> ModelState:
     """``new`` if ``current -> new`` is allowed; else raise :class:`IllegalTransition`."""
     if new not in TRANSITIONS[current]:
         raise IllegalTransition(f"version state cannot go from {current.value} to {new.value}")
