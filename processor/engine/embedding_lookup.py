@@ -179,6 +179,35 @@ def replay_raw_ids(graph, lookup: Lookup) -> str:
     return current.name
 
 
+def needed_feeds(feeds: Sequence[Any], fetches: Sequence[Any], fed: Sequence[Any]) -> list[int]:
+    """The positions of ``feeds`` (graph tensors) that ``fetches`` depend on, data or control,
+    when the tensors in ``fed`` are fed too (what lies behind them is not run)."""
+    positions = {t.name: i for i, t in enumerate(feeds)}
+    cut = {t.name for t in fed}
+    needed: set[int] = set()
+    seen: set[str] = set()
+    stack = []
+
+    def visit(tensor) -> None:
+        if tensor.name in positions:
+            needed.add(positions[tensor.name])
+        elif tensor.name not in cut and tensor.op.name not in seen:
+            seen.add(tensor.op.name)
+            stack.append(tensor.op)
+
+    for tensor in fetches:
+        visit(tensor)
+    while stack:
+        op = stack.pop()
+        for tensor in op.inputs:
+            visit(tensor)
+        for control in op.control_inputs:
+            if control.name not in seen:
+                seen.add(control.name)
+                stack.append(control)
+    return sorted(needed)
+
+
 def _attr_type(dtype):
     from tensorflow.core.framework import attr_value_pb2
 
@@ -215,28 +244,35 @@ class EmbeddingService:
         graph = self._graph
         keys = [graph.get_tensor_by_name(scope + n) for n in self.key_tensor_names]
         gathered = [graph.get_tensor_by_name(scope + lk.output) for lk in self.lookups]
+        # each run is fed only the inputs it reads (a string input costs a conversion a run)
+        first = needed_feeds(feed_tensors, keys, ())
+        second = needed_feeds(feed_tensors, fetch_tensors, gathered)
         if run_options is None:
             phase1 = self._phase1.get(scope)
             if phase1 is None:
-                phase1 = self._phase1[scope] = self._session.make_callable(keys, feed_tensors, accept_options=True)
-            phase2 = self._session.make_callable(fetch_tensors, list(feed_tensors) + gathered, accept_options=True)
+                phase1 = self._phase1[scope] = self._session.make_callable(
+                    keys, [feed_tensors[i] for i in first], accept_options=True)
+            phase2 = self._session.make_callable(fetch_tensors, [feed_tensors[i] for i in second] + gathered,
+                                                 accept_options=True)
         else:
-            phase1 = self._from_options(keys, feed_tensors, run_options)
-            phase2 = self._from_options(fetch_tensors, list(feed_tensors) + gathered, run_options)
+            phase1 = self._from_options(keys, [feed_tensors[i] for i in first], run_options)
+            phase2 = self._from_options(fetch_tensors, [feed_tensors[i] for i in second] + gathered, run_options)
         lookups, key_index, tables = self.lookups, self._key_index, self.tables
         fixed = run_options is not None
 
         def run(*feeds, options=None, run_metadata=None):
-            keys = phase1(*feeds) if fixed else phase1(*feeds, options=options)
+            given = [feeds[i] for i in first]
+            keys = phase1(*given) if fixed else phase1(*given, options=options)
             requests = [(lk.table, np.asarray(keys[i]).reshape(-1).astype(np.int64, copy=False))
                         for lk, i in zip(lookups, key_index)]
             rows = tables.lookup(requests)
             gathered = [r.reshape(np.shape(keys[i]) + (lk.dim,)) for r, lk, i in zip(rows, lookups, key_index)]
+            given = [feeds[i] for i in second]
             if fixed:
-                return phase2(*feeds, *gathered)
+                return phase2(*given, *gathered)
             if run_metadata is None:
-                return phase2(*feeds, *gathered, options=options)
-            return phase2(*feeds, *gathered, options=options, run_metadata=run_metadata)
+                return phase2(*given, *gathered, options=options)
+            return phase2(*given, *gathered, options=options, run_metadata=run_metadata)
 
         return run
 
