@@ -14,7 +14,8 @@ table in the EmbeddingVariable export format (``<table>-keys`` / ``-values``) is
 ids (ids not in the table get the default vector, as an EmbeddingVariable does).
 
 **Split run.** A request runs in two steps on the same lane: (1) fetch the key tensors of every
-lookup, feeding the signature inputs; (2) look the keys up in the store (one batched call for
+lookup, feeding the signature inputs (computed in numpy instead where the ops on the way allow,
+see :mod:`.key_replay`); (2) look the keys up in the store (one batched call for
 all tables) and run the rest of the graph feeding the looked-up rows as the gathers' outputs
 (TensorFlow lets any tensor be fed; the tables are never read). The tables are therefore never
 restored into the process: only dense variables are.
@@ -32,6 +33,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from . import placement
+from .key_replay import KeyReplay
 
 _SHAPE_OPS = frozenset({"Identity", "Unpack", "StridedSlice", "Slice", "Reshape", "Squeeze", "ExpandDims",
                         "Cast", "Transpose"})
@@ -229,6 +231,7 @@ class EmbeddingService:
         self.key_tensor_names = list(dict.fromkeys(lk.key_tensor for lk in lookups))
         self._key_index = [self.key_tensor_names.index(lk.key_tensor) for lk in lookups]
         self._phase1: dict[str, Any] = {}  # by graph-copy scope (see lane_graphs)
+        self.keys_replayed: bool | None = None  # whether the request path computes keys in numpy
 
     def make_callable(self, fetch_tensors, feed_tensors, scope: str = "", run_options=None):
         """A callable like ``Session.make_callable(fetches, feeds, accept_options=True)``'s.
@@ -255,7 +258,10 @@ class EmbeddingService:
             phase2 = self._session.make_callable(fetch_tensors, [feed_tensors[i] for i in second] + gathered,
                                                  accept_options=True)
         else:
-            phase1 = self._from_options(keys, [feed_tensors[i] for i in first], run_options)
+            # the keys computed in numpy where the graph part allows it (key_replay), else a run
+            phase1 = (KeyReplay.build([feed_tensors[i] for i in first], keys)
+                      or self._from_options(keys, [feed_tensors[i] for i in first], run_options))
+            self.keys_replayed = isinstance(phase1, KeyReplay)
             phase2 = self._from_options(fetch_tensors, [feed_tensors[i] for i in second] + gathered, run_options)
         lookups, key_index, tables = self.lookups, self._key_index, self.tables
         fixed = run_options is not None
@@ -289,6 +295,8 @@ class EmbeddingService:
         return {
             "served_from": "feature store",
             "split_run": "1) key tensors  2) store lookup  3) rest of the graph fed the rows",
+            "keys": {True: "computed in numpy (key_replay)", False: "a TensorFlow run",
+                     None: "not computed yet"}[self.keys_replayed],
             "lookups": [{"op": lk.op, "table": lk.table, "keyed_by": lk.keyed_by, "key_tensor": lk.key_tensor,
                          "id_mapping": lk.mapping, "dim": lk.dim} for lk in self.lookups],
             "placement_analysis": self.plan_report,

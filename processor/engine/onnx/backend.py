@@ -352,7 +352,7 @@ class OnnxRuntimeBackend:
         parts, cpus = self._parts[index], self._session_target(index)[1]
         with self._trace_lock:
             setup_ns = time.time_ns()
-            sessions = [self._open_profiling_session(lane, part, cpus) for part in parts]
+            sessions = [self._open_profiling_session(lane, k, part, cpus) for k, part in enumerate(parts)]
             opened_ns = time.time_ns()
             run = self._session_run(sessions)
             try:
@@ -383,16 +383,18 @@ class OnnxRuntimeBackend:
         return outputs, EngineTrace(events=events, stages=stages,
                                     thread_names=profile.thread_names(events, threading.get_native_id()))
 
-    def _open_profiling_session(self, lane: int, part: placement.Part, cpus: tuple[int, ...] | None):
-        """A new session of ``part`` like the lane's, profiling from now on; NotImplementedError
-        if ORT refuses."""
+    def _open_profiling_session(self, lane: int, k: int, part: placement.Part, cpus: tuple[int, ...] | None):
+        """A new session of ``part`` (the ``k``-th of the lane's graph) like the lane's, profiling
+        from now on; NotImplementedError if ORT refuses."""
         ort = _ort()
         try:
             if self._profile_dir is None:
                 self._profile_dir = tempfile.mkdtemp(prefix="sp-ort-profile-")
             options = self._session_options(cpus, part)
             options.enable_profiling = True
-            options.profile_file_prefix = os.path.join(self._profile_dir, f"lane{lane}")
+            # ORT names the file after the prefix and the millisecond the session opened: the
+            # parts of a split graph open in the same one, so each part has its own prefix
+            options.profile_file_prefix = os.path.join(self._profile_dir, f"lane{lane}-part{k}")
             with pinning.creation_lock:  # so that a model loading meanwhile does not count its threads
                 session = ort.InferenceSession(part.model_path, options, providers=device_plan.ort_providers(part.device))
             self._parameters.sets[part.device.gpu].attach(session._sess)

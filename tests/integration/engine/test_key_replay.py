@@ -1,0 +1,55 @@
+"""key_replay: a store-served graph's lookup keys in numpy equal the TensorFlow run's, and what
+it does not replay keeps the TensorFlow run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import model_config
+from processor.engine.key_replay import KeyReplay
+from processor.errors import InvalidArgument
+
+tf = pytest.importorskip("tensorflow")
+
+
+def test_the_demo_models_keys_equal_the_tensorflow_run(ctr_model_small, make_processor):
+    from demo.synthetic_data import synthetic_batch
+
+    p = make_processor(model_config(ctr_model_small, ev_storage_type=1))
+    group = p.model.manager.acquire_handle().group
+    backend, embedding = group.backend, group.backend._embedding
+    graph, session = backend._graph, backend._session
+    feeds = backend._feed_tensors[0]
+    keys = [graph.get_tensor_by_name(n) for n in embedding.key_tensor_names]
+    replay = KeyReplay.build(feeds, keys)
+    assert replay is not None and {"FloorMod", "Unpack", "StringToHashBucketFast"} <= set(replay.op_types)
+    assert p.model_info()["session_group"]["embedding"]["keys"].startswith("computed in numpy")
+    for batch, seed in ((1, 1), (7, 2), (256, 3)):
+        inputs = synthetic_batch(batch, seed)
+        inputs["sparse_ids"][0, :3] = [-5, 2**40, 0]  # negative and large ids: floor modulo
+        given = [inputs[a] for a in backend._feed_aliases]
+        want = session.run(keys, dict(zip(feeds, given)))
+        got = replay(*given)
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype and g.shape == w.shape
+            np.testing.assert_array_equal(g, w)
+    bad = synthetic_batch(2, 4)
+    bad["sparse_ids"] = bad["sparse_ids"][:, :5]  # fewer id columns than the graph unstacks
+    with pytest.raises(InvalidArgument, match="rejected the input"):
+        replay(*[bad[a] for a in backend._feed_aliases])
+
+
+def test_ops_it_does_not_replay_keep_the_tensorflow_run():
+    graph = tf.Graph()
+    with graph.as_default():
+        ids = tf.compat.v1.placeholder(tf.int64, [None, 4], name="ids")
+        sliced = ids[:, 1:3]  # StridedSlice: not replayed
+        plain = tf.math.floormod(ids, 10)
+        floats = tf.compat.v1.placeholder(tf.float32, [None], name="floats")
+        float_mod = tf.math.floormod(floats, 2.0)  # a float modulo: not replayed
+    assert KeyReplay.build([ids], [sliced]) is None
+    assert KeyReplay.build([floats], [float_mod]) is None
+    replay = KeyReplay.build([ids], [plain])
+    x = np.array([[-11, 3, 25, 10**12]], np.int64)
+    np.testing.assert_array_equal(replay(x)[0], tf.compat.v1.Session(graph=graph).run(plain, {ids: x}))
