@@ -4,6 +4,8 @@
 //   lookup_rows(keys_by_row, slots, identity_size, values, default, queries, out) -> misses
 //                                                      probe + gather (values float32, or float16
 //                                                      passed as its uint16 bits), one call
+//   lookup_many([(keys_by_row, slots, identity_size, values, default, queries, out), ...]) -> misses
+//                                                      several tables' lookup_rows, one call
 //   RowCache(capacity, dim)                            the hot-row cache (CLOCK), thread-safe
 //
 // The caller (processor/features/native_rows.py) allocates every array; these functions fill
@@ -70,6 +72,90 @@ int64_t lookup_rows(Vec<const int64_t> keys_by_row, Vec<const Slot> slots, int64
   return sp::store::gather_rows<V>(values.data(), stored, dim, rows.data(), n, fallback.data(), out.data());
 }
 
+// One table of lookup_many: its arrays' data, checked while the GIL is held.
+struct TableLookup {
+  const int64_t* keys_by_row = nullptr;
+  int64_t nkeys = 0;
+  const void* slots = nullptr;
+  int64_t nslots = 0;
+  bool slots64 = false;
+  int64_t identity_size = -1;
+  const void* values = nullptr;
+  bool half = false;
+  int64_t stored = 0;
+  int64_t dim = 0;
+  const float* fallback = nullptr;
+  const int64_t* queries = nullptr;
+  int64_t n = 0;
+  float* out = nullptr;
+};
+
+// Arrays of any dtype (never converted: a converted copy would die before the lookup runs).
+using AnyVec = nb::ndarray<nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using AnyMat = nb::ndarray<nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+
+TableLookup table_lookup(nb::handle item) {
+  nb::tuple t = nb::cast<nb::tuple>(item);
+  require(t.size() == 7, "lookup_many: each table is (keys_by_row, slots, identity_size, values, default, "
+                         "queries, out)");
+  TableLookup tl;
+  Vec<const int64_t> keys = nb::cast<Vec<const int64_t>>(t[0], false);
+  tl.keys_by_row = keys.data();
+  tl.nkeys = static_cast<int64_t>(keys.shape(0));
+  AnyVec slots = nb::cast<AnyVec>(t[1], false);
+  tl.slots64 = slots.dtype() == nb::dtype<int64_t>();
+  require(tl.slots64 || slots.dtype() == nb::dtype<int32_t>(), "lookup_many: slots must be int32 or int64");
+  tl.slots = slots.data();
+  tl.nslots = static_cast<int64_t>(slots.shape(0));
+  tl.identity_size = nb::cast<int64_t>(t[2]);
+  AnyMat values = nb::cast<AnyMat>(t[3], false);
+  tl.half = values.dtype() == nb::dtype<uint16_t>();
+  require(tl.half || values.dtype() == nb::dtype<float>(), "lookup_many: values must be float32 or float16 bits");
+  tl.values = values.data();
+  tl.stored = static_cast<int64_t>(values.shape(0));
+  tl.dim = static_cast<int64_t>(values.shape(1));
+  Vec<const float> fallback = nb::cast<Vec<const float>>(t[4], false);
+  Vec<const int64_t> queries = nb::cast<Vec<const int64_t>>(t[5], false);
+  Mat<float> out = nb::cast<Mat<float>>(t[6], false);
+  require(out.shape(0) == queries.shape(0) && static_cast<int64_t>(out.shape(1)) == tl.dim,
+          "lookup_many: out must be [len(queries), dim]");
+  require(static_cast<int64_t>(fallback.shape(0)) == tl.dim, "lookup_many: the default vector must have dim values");
+  tl.fallback = fallback.data();
+  tl.queries = queries.data();
+  tl.n = static_cast<int64_t>(queries.shape(0));
+  tl.out = out.data();
+  return tl;
+}
+
+// Several tables' lookup_rows in one call, the GIL released once: the arrays stay referenced by
+// `tables` (the caller's list) for the whole call. Returns each table's misses.
+std::vector<int64_t> lookup_many(nb::list tables) {
+  std::vector<TableLookup> work;
+  work.reserve(tables.size());
+  for (nb::handle item : tables) work.push_back(table_lookup(item));
+  std::vector<int64_t> misses(work.size());
+  nb::gil_scoped_release nogil;
+  std::vector<int64_t> rows;
+  for (size_t i = 0; i < work.size(); ++i) {
+    const TableLookup& t = work[i];
+    rows.resize(static_cast<size_t>(t.n));
+    if (t.identity_size >= 0) {
+      sp::store::find_identity(t.identity_size, t.queries, t.n, rows.data());
+    } else if (t.slots64) {
+      sp::store::find_rows<int64_t>(t.keys_by_row, t.nkeys, static_cast<const int64_t*>(t.slots), t.nslots,
+                                    t.queries, t.n, rows.data());
+    } else {
+      sp::store::find_rows<int32_t>(t.keys_by_row, t.nkeys, static_cast<const int32_t*>(t.slots), t.nslots,
+                                    t.queries, t.n, rows.data());
+    }
+    misses[i] = t.half ? sp::store::gather_rows<uint16_t>(static_cast<const uint16_t*>(t.values), t.stored, t.dim,
+                                                         rows.data(), t.n, t.fallback, t.out)
+                       : sp::store::gather_rows<float>(static_cast<const float*>(t.values), t.stored, t.dim,
+                                                      rows.data(), t.n, t.fallback, t.out);
+  }
+  return misses;
+}
+
 template <class Slot>
 void bind_slot_type(nb::module_& m) {
   m.def("find_rows", &find_rows<Slot>, nb::arg("keys_by_row"), nb::arg("slots").noconvert(),
@@ -95,6 +181,7 @@ namespace sp::py {
 void bind_store(nb::module_& m) {
   bind_slot_type<int32_t>(m);
   bind_slot_type<int64_t>(m);
+  m.def("lookup_many", &lookup_many, nb::arg("tables"));
   nb::class_<RowCache>(m, "RowCache")
       .def("__init__",
            [](RowCache* self, int64_t capacity, int64_t dim) {

@@ -5,6 +5,7 @@
   over the table's own arrays. The Python code (``HashIndex.find`` and the numpy gather in
   :meth:`~.dram_store.DramTable.lookup_reference`) stays the reference it is tested against
   (``tests/unit/features/test_native_rows.py``) and the fallback when the extension is not built.
+* :func:`lookup_many`: the same for several tables in one call (a request's lookups).
 * :func:`row_cache`: a native ``RowCache`` (CLOCK, thread-safe), or None when not built.
 
 ``AVAILABLE`` says whether the extension is there.
@@ -12,11 +13,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 
 from ..native import MODULE
 
-AVAILABLE = MODULE is not None and hasattr(MODULE, "lookup_rows")
+AVAILABLE = MODULE is not None and hasattr(MODULE, "lookup_many")
 
 
 def lookup_rows(index, values: np.ndarray, default: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, int]:
@@ -29,6 +33,22 @@ def lookup_rows(index, values: np.ndarray, default: np.ndarray, keys: np.ndarray
     else:
         misses = MODULE.lookup_rows(index._keys, index._slots, -1, stored, default, keys, out)
     return out, misses
+
+
+def lookup_many(tables: Sequence[tuple[Any, np.ndarray]]) -> list[tuple[np.ndarray, int]]:
+    """:func:`lookup_rows` of several ``(DramTable, keys)`` in one native call (the GIL released
+    once): per table, (its rows, the number absent). Needs ``AVAILABLE``."""
+    work, outs = [], []
+    for table, keys in tables:
+        values, index = table.values, table.index
+        out = np.empty((len(keys), values.shape[1]), np.float32)
+        stored = values.view(np.uint16) if values.dtype == np.float16 else values
+        if index.identity:
+            work.append((_NO_KEYS, _NO_SLOTS, index.size, stored, table.default, keys, out))
+        else:
+            work.append((index._keys, index._slots, -1, stored, table.default, keys, out))
+        outs.append(out)
+    return list(zip(outs, MODULE.lookup_many(work)))
 
 
 def find_rows(index, keys: np.ndarray) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""The native store parts (processor._native: find_rows, lookup_rows, RowCache) against the Python
+"""The native store parts (processor._native: find_rows, lookup_rows, lookup_many, RowCache) against the Python
 reference: HashIndex.find, DramTable.lookup_reference and a dict; float16 storage and its limits."""
 
 from __future__ import annotations
@@ -55,6 +55,30 @@ def test_lookup_rows_equals_the_reference(dtype, identity):
         want, want_misses = table.lookup_reference(q)
         assert got.dtype == np.float32 and misses == want_misses
         np.testing.assert_array_equal(got, want)  # the same widening of the same stored bits
+
+
+def test_lookup_many_equals_each_tables_reference():
+    """Several tables in one call (what a request's lookups take): identity and hashed keys,
+    float32 and float16 rows, int64 slots, an empty table, an empty request."""
+    rng = np.random.default_rng(11)
+    tables, asked = [], []
+    for i, (dtype, identity, n) in enumerate([("float32", True, 500), ("float16", False, 800),
+                                              ("float32", False, 300), ("float32", False, 0)]):
+        spec = TableSpec(f"t{i}", 4 + i, "row" if identity else "raw", n, dtype=dtype,
+                         default=tuple(float(d) for d in range(4 + i)))
+        table = DramTable(spec, n)
+        keys = np.arange(n, dtype=np.int64) if identity else rng.choice(2**40, n, replace=False).astype(np.int64)
+        if n:
+            table.upsert(RowChunk(keys, rng.standard_normal((n, 4 + i)).astype(np.float32)))
+        if i == 2:
+            table.index._slots = table.index._slots.astype(np.int64)  # tables past 2**31 rows
+        tables.append(table)
+        asked.append((table, _queries(rng, keys, 257) if n else np.array([1, 2], np.int64)))
+    asked.append((tables[0], np.empty(0, np.int64)))
+    for (table, q), (rows, misses) in zip(asked, native_rows.lookup_many(asked)):
+        want, want_misses = table.lookup_reference(q)
+        assert rows.dtype == np.float32 and misses == want_misses
+        np.testing.assert_array_equal(rows, want)
 
 
 def test_an_empty_table_serves_the_default_vector():
