@@ -1,6 +1,6 @@
 """Feature store benchmark: lookup speed per store, memory per key, end-to-end requests/s.
 
-    .venv/bin/python -m benchmarks.bench_features [--rows 500000] [--seconds 3] [--memory-keys 10000000]
+    .venv/bin/python -m benchmarks.bench_features [--rows 500000] [--seconds 3] [--memory-keys 10000000] [--rounds 5]
 
 1. Lookup of a batch of 4,096 ids (ranks drawn Zipf, s = 1.1: a few hot ids, a long tail; 2 %
    unknown ids) in one 64-dim table of ``--rows`` rows: ids/s and p99 per batch for the DRAM
@@ -216,7 +216,12 @@ def bench_memory(keys_count: int) -> dict:
     return out
 
 
-def bench_end_to_end(seconds: float) -> dict:
+def bench_end_to_end(seconds: float, rounds: int = 5) -> dict:
+    """Every case's processor open at once; ``rounds`` rounds of ``seconds`` per case, the order
+    rotating; a case's ratio is the median over rounds of its requests/s over TensorFlow
+    variables' in the same round (next to each other in time: the machine's drift cancels)."""
+    import statistics
+
     from demo.ctr_model import build_ctr_model
     from demo.synthetic_data import synthetic_batch
     from processor import codec
@@ -228,46 +233,55 @@ def bench_end_to_end(seconds: float) -> dict:
     base = {"savedmodel_dir": str(paths.savedmodel_dir), "checkpoint_dir": str(paths.checkpoint_dir),
             "session_num": 2, "inter_op_parallelism_threads": 1, "intra_op_parallelism_threads": 1,
             "file_system_poll_wait_seconds": 0}
-    out = {}
-    reference = None
     redis, cluster = LocalRedis(), LocalRedisCluster(3)
+    cases = [("tensorflow variables", {}), ("dram store", {"ev_storage_type": 1}),
+             ("redis (1 node), no cache", {"feature_store_type": "redis", "redis_url": redis.url,
+                                           "redis_cache_bytes": 0}),
+             ("redis (1 node) + cache", {"feature_store_type": "redis", "redis_url": redis.url}),
+             ("redis cluster (3 nodes) + cache", {"feature_store_type": "cluster_redis", "redis_url": cluster.url})]
+    procs: dict[str, Processor] = {}
+    runs: dict[str, list[dict]] = {label: [] for label, _ in cases}
     try:
-        cases = [("tensorflow variables", {}), ("dram store", {"ev_storage_type": 1}),
-                 ("redis (1 node), no cache", {"feature_store_type": "redis", "redis_url": redis.url,
-                                               "redis_cache_bytes": 0}),
-                 ("redis (1 node) + cache", {"feature_store_type": "redis", "redis_url": redis.url}),
-                 ("redis cluster (3 nodes) + cache", {"feature_store_type": "cluster_redis", "redis_url": cluster.url})]
-        for label, extra in cases:
-            p = Processor.create(label.split()[0] + str(len(out)), json.dumps({**base, **extra}))
-            try:
-                answers = []
-                for request in requests[:8]:
-                    status, body = p.process(request)
-                    assert status == 200, body
-                    answers.append(codec.decode_response(body)["logits"])
-                reference = answers if reference is None else reference
-                for got, want in zip(answers, reference):
-                    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=label)
-                turn = [0, 0]
-                r = run_threads(lambda i: p.process(requests[(turn.__setitem__(i, turn[i] + 1) or turn[i]) % 64]),
-                                threads=2, seconds=seconds)
-                out[label] = {"requests_per_s": r["calls_per_s"], "p50_ms": r["p50_us"] / 1e3,
-                              "p99_ms": r["p99_us"] / 1e3}
-                store = p.model_info()["session_group"].get("embedding", {}).get("store", {})
-                rate = store.get("lookups", {}).get("cache_hit_rate")
-                if rate is not None:
-                    out[label]["cache_hit_rate"] = rate
-                tf = out["tensorflow variables"]["requests_per_s"]
-                out[label]["vs_tensorflow_variables"] = r["calls_per_s"] / tf
-                print(f"  e2e {label}: {r['calls_per_s']:.0f} req/s ({r['calls_per_s'] / tf:.2f} of TF variables), "
-                      f"p99 {r['p99_us'] / 1e3:.2f} ms" + (f", cache hit rate {rate:.2f}" if rate is not None else ""),
-                      flush=True)
-            finally:
-                p.close()
+        reference = None
+        for k, (label, extra) in enumerate(cases):
+            p = procs[label] = Processor.create(f"{label.split()[0]}{k}", json.dumps({**base, **extra}))
+            answers = []
+            for request in requests[:8]:
+                status, body = p.process(request)
+                assert status == 200, body
+                answers.append(codec.decode_response(body)["logits"])
+            reference = answers if reference is None else reference
+            for got, want in zip(answers, reference):
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=label)
+        labels = [label for label, _ in cases]
+        for r in range(rounds):
+            for label in labels[r % len(labels):] + labels[:r % len(labels)]:
+                p, turn = procs[label], [0, 0]
+                runs[label].append(run_threads(
+                    lambda i, p=p, turn=turn: p.process(requests[(turn.__setitem__(i, turn[i] + 1) or turn[i]) % 64]),
+                    threads=2, seconds=seconds))
+        out = {}
+        for label in labels:
+            rates = [x["calls_per_s"] for x in runs[label]]
+            ratios = [x["calls_per_s"] / t["calls_per_s"] for x, t in zip(runs[label], runs["tensorflow variables"])]
+            out[label] = {"requests_per_s": statistics.median(rates), "rounds": rates,
+                          "vs_tensorflow_variables": statistics.median(ratios),
+                          "p50_ms": statistics.median(x["p50_us"] for x in runs[label]) / 1e3,
+                          "p99_ms": statistics.median(x["p99_us"] for x in runs[label]) / 1e3}
+            store = procs[label].model_info()["session_group"].get("embedding", {}).get("store", {})
+            rate = store.get("lookups", {}).get("cache_hit_rate")
+            if rate is not None:
+                out[label]["cache_hit_rate"] = rate
+            print(f"  e2e {label}: {out[label]['requests_per_s']:.0f} req/s "
+                  f"({out[label]['vs_tensorflow_variables']:.2f} of TF variables), p99 {out[label]['p99_ms']:.2f} ms"
+                  + (f", cache hit rate {rate:.2f}" if rate is not None else ""), flush=True)
     finally:
+        for p in procs.values():
+            p.close()
         redis.close()
         cluster.close()
-    return {"model": "demo CTR, small preset (26 tables)", "batch": 256, "threads": 2, "cases": out}
+    return {"model": "demo CTR, small preset (26 tables)", "batch": 256, "threads": 2, "rounds": rounds,
+            "seconds": seconds, "cases": out}
 
 
 def main() -> None:
@@ -275,13 +289,14 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=500_000)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--memory-keys", type=int, default=10_000_000)
+    parser.add_argument("--rounds", type=int, default=5, help="end-to-end rounds (cases alternating)")
     args = parser.parse_args()
     print("memory:", flush=True)
     memory = bench_memory(args.memory_keys)  # first: RSS growth is read in a fresh process
     print("lookups:", flush=True)
     lookups = bench_lookups(args.rows, args.seconds)
     print("end to end:", flush=True)
-    e2e = bench_end_to_end(args.seconds)
+    e2e = bench_end_to_end(args.seconds, args.rounds)
     payload = {"machine": {"cpus": os.cpu_count()}, "lookup": lookups, "memory": memory, "end_to_end": e2e}
     lines = ["# Feature store benchmark\n",
              f"Lookup of {BATCH} ids in a {args.rows:,} x {DIM} table, one thread:\n",
@@ -304,14 +319,16 @@ def main() -> None:
               f"{memory['overhead_bytes_per_key_rss']:.2f} bytes/key by RSS growth "
               f"(+8 bytes/key when freq/version metadata is kept); load {memory['load_seconds']} s, "
               f"a 4096-id lookup {memory['lookup_4096_ms_at_this_size']:.2f} ms.", "",
-              f"End to end ({e2e['model']}, batch {e2e['batch']}, {e2e['threads']} threads):", "",
+              f"End to end ({e2e['model']}, batch {e2e['batch']}, {e2e['threads']} threads; "
+              f"{e2e['rounds']} rounds of {e2e['seconds']} s, the cases alternating; 'of TF variables' is the "
+              "median over rounds of the ratio to TensorFlow variables in the same round):", "",
               "| embeddings in | requests/s | of TF variables | p50 ms | p99 ms | cache hit rate |",
               "|---|---|---|---|---|---|"]
     for label, r in e2e["cases"].items():
         rate = f"{r['cache_hit_rate']:.2f}" if "cache_hit_rate" in r else ""
         lines.append(f"| {label} | {r['requests_per_s']:.0f} | {r['vs_tensorflow_variables']:.2f} | "
                      f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {rate} |")
-    lines += ["", "Timings from a machine shared with other work; compare rows of one run."]
+    lines += ["", f"Load average at the end: {os.getloadavg()[0]:.1f}; compare rows of one run."]
     write_results("features", payload, "\n".join(lines))
 
 

@@ -7,6 +7,7 @@
 //   lookup_many([(keys_by_row, slots, identity_size, values, default, queries, out), ...]) -> misses
 //                                                      several tables' lookup_rows, one call
 //   RowCache(capacity, dim)                            the hot-row cache (CLOCK), thread-safe
+//   cache_lookup_many([(cache, keys, out, miss), ...]) -> misses   several caches' lookups, one call
 //
 // The caller (processor/features/native_rows.py) allocates every array; these functions fill
 // them with the GIL released and check only what keeps memory safe (shapes, sizes): the Python
@@ -174,6 +175,36 @@ void check_rows(const RowCache& c, const Vec<const int64_t>& keys, size_t rows, 
   require(rows == keys.shape(0) && static_cast<int64_t>(dim) == c.dim(), what);
 }
 
+// Several caches' lookups in one call, the GIL released once: each item (cache, keys, out,
+// miss) as RowCache.lookup takes them (the arrays stay referenced by the caller's list).
+std::vector<int64_t> cache_lookup_many(nb::list items) {
+  struct Work {
+    RowCache* cache;
+    const int64_t* keys;
+    int64_t n;
+    float* out;
+    int64_t* miss;
+  };
+  std::vector<Work> work;
+  work.reserve(items.size());
+  for (nb::handle item : items) {
+    nb::tuple t = nb::cast<nb::tuple>(item);
+    require(t.size() == 4, "cache_lookup_many: each item is (cache, keys, out, miss)");
+    RowCache& c = nb::cast<RowCache&>(t[0]);
+    Vec<const int64_t> keys = nb::cast<Vec<const int64_t>>(t[1], false);
+    Mat<float> out = nb::cast<Mat<float>>(t[2], false);
+    Vec<int64_t> miss = nb::cast<Vec<int64_t>>(t[3], false);
+    check_rows(c, keys, out.shape(0), out.shape(1), "cache_lookup_many: out must be [len(keys), dim]");
+    require(miss.shape(0) >= keys.shape(0), "cache_lookup_many: miss must hold len(keys) positions");
+    work.push_back({&c, keys.data(), static_cast<int64_t>(keys.shape(0)), out.data(), miss.data()});
+  }
+  std::vector<int64_t> misses(work.size());
+  nb::gil_scoped_release nogil;
+  for (size_t i = 0; i < work.size(); ++i)
+    misses[i] = work[i].cache->lookup(work[i].keys, work[i].n, work[i].out, work[i].miss);
+  return misses;
+}
+
 }  // namespace
 
 namespace sp::py {
@@ -182,6 +213,7 @@ void bind_store(nb::module_& m) {
   bind_slot_type<int32_t>(m);
   bind_slot_type<int64_t>(m);
   m.def("lookup_many", &lookup_many, nb::arg("tables"));
+  m.def("cache_lookup_many", &cache_lookup_many, nb::arg("items"));
   nb::class_<RowCache>(m, "RowCache")
       .def("__init__",
            [](RowCache* self, int64_t capacity, int64_t dim) {

@@ -120,11 +120,13 @@ class RedisVersionTables:
         self.store.check_up()
         cache = self.cache
         parts, wanted = [], []
-        for name, keys in requests:
-            flat = np.ascontiguousarray(keys, np.int64).reshape(-1)
-            if cache is not None:  # the cache first, on the ids as they come: no sort when all hit
-                rows = np.empty((flat.size, self.specs[name].dim), np.float32)
-                miss = cache.lookup(name, flat, rows)
+        flats = [(name, np.ascontiguousarray(keys, np.int64).reshape(-1)) for name, keys in requests]
+        if cache is not None:  # the cache first (one native call), on the ids as they come: no sort when all hit
+            outs = [np.empty((flat.size, self.specs[name].dim), np.float32) for name, flat in flats]
+            misses = cache.lookup_many([(name, flat, out) for (name, flat), out in zip(flats, outs)])
+        for k, (name, flat) in enumerate(flats):
+            if cache is not None:
+                rows, miss = outs[k], misses[k]
                 uniq, inverse = np.unique(flat[miss], return_inverse=True) if len(miss) else (flat[:0], miss)
             else:
                 rows, miss = None, None

@@ -26,6 +26,7 @@ Thread-safe.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -65,14 +66,19 @@ class HotRowCache:
             return "off: processor._native is not built (scripts/build_native.sh)"
         return None
 
-    def lookup(self, table: str, ids: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """Fill ``out[i]`` for the cached ``ids[i]``; return the positions of the others."""
-        cache = self._caches.get(table)
-        if cache is None:
-            return np.arange(len(ids))
-        miss = np.empty(len(ids), np.int64)
-        n = cache.lookup(ids, out, miss)
-        return miss[:n]
+    def lookup_many(self, requests: Sequence[tuple[str, np.ndarray, np.ndarray]]) -> list[np.ndarray]:
+        """For each ``(table, ids, out)``: fill ``out[i]`` for the cached ``ids[i]`` and return
+        the positions of the others; all tables in one native call (the GIL released once)."""
+        items, misses = [], []
+        for table, ids, out in requests:
+            cache = self._caches.get(table)
+            miss = np.arange(len(ids)) if cache is None else np.empty(len(ids), np.int64)
+            if cache is not None:
+                items.append((cache, ids, out, miss))
+            misses.append(miss)
+        counts = iter(native_rows.MODULE.cache_lookup_many(items))
+        return [miss if self._caches.get(table) is None else miss[:next(counts)]
+                for (table, _, _), miss in zip(requests, misses)]
 
     def insert(self, table: str, ids: np.ndarray, rows: np.ndarray) -> None:
         cache = self._caches.get(table)
