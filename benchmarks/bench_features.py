@@ -36,7 +36,7 @@ import numpy as np
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import memory_of, run_threads, write_results  # noqa: E402
+from benchmarks.common import memory_of, paired_ratio, run_threads, write_results  # noqa: E402
 from processor.features.dram_store import DramTable  # noqa: E402
 from processor.features.rows import RowChunk, TableSpec  # noqa: E402
 from processor.features.local_redis import LocalRedis, LocalRedisCluster  # noqa: E402
@@ -263,9 +263,9 @@ def bench_end_to_end(seconds: float, rounds: int = 5) -> dict:
         out = {}
         for label in labels:
             rates = [x["calls_per_s"] for x in runs[label]]
-            ratios = [x["calls_per_s"] / t["calls_per_s"] for x, t in zip(runs[label], runs["tensorflow variables"])]
+            reference = [x["calls_per_s"] for x in runs["tensorflow variables"]]
             out[label] = {"requests_per_s": statistics.median(rates), "rounds": rates,
-                          "vs_tensorflow_variables": statistics.median(ratios),
+                          "vs_tensorflow_variables": paired_ratio(rates, reference),
                           "p50_ms": statistics.median(x["p50_us"] for x in runs[label]) / 1e3,
                           "p99_ms": statistics.median(x["p99_us"] for x in runs[label]) / 1e3}
             store = procs[label].model_info()["session_group"].get("embedding", {}).get("store", {})

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from benchmarks import native_load
-from benchmarks.common import demo_paths, loadgen_command, write_results
+from benchmarks.common import demo_paths, loadgen_command, paired_ratio, write_results
 
 BATCHES = (1, 256)
 MODES = {"off": None, "0.01": 0.01, "1.0": 1.0}
@@ -145,13 +145,9 @@ def bench_http(paths, requests: dict, seconds: float, rounds: int, concurrency: 
 
 
 def summarize(blocks: dict[str, list[float]], key: str) -> dict:
-    """Per mode: the median block, and the ratio to ``off``: the median over rounds of the
-    mode's block over the ``off`` block of the same round (next to each other in time, so a
-    drift of the machine's speed cancels)."""
-    row = {m: {key: statistics.median(v), "blocks": v} for m, v in blocks.items()}
-    for mode, values in blocks.items():
-        row[mode]["ratio"] = statistics.median(v / off for v, off in zip(values, blocks["off"]))
-    return row
+    """Per mode: the median block, and the ratio to ``off`` (:func:`~benchmarks.common.paired_ratio`)."""
+    return {m: {key: statistics.median(v), "blocks": v, "ratio": paired_ratio(v, blocks["off"])}
+            for m, v in blocks.items()}
 
 
 def markdown(result: dict) -> str:

@@ -7,7 +7,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -21,6 +21,12 @@ def processor_config(paths, session_num: int) -> dict:
         "use_per_session_threads": True, "select_session_policy": "MOD",
         "inter_op_parallelism_threads": 1, "intra_op_parallelism_threads": 1,
     }
+
+
+def paired_ratio(values: Sequence[float], reference: Sequence[float]) -> float:
+    """The median over rounds of ``values[i] / reference[i]``: each round's figures were taken
+    next to each other in time, so a drift of the machine's speed cancels."""
+    return statistics.median(v / r for v, r in zip(values, reference))
 
 
 def run_threads(call: Callable[[int], object], threads: int, seconds: float,

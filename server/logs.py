@@ -48,7 +48,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         out = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "ts": _timestamp(record.created, int(record.msecs)),
             "level": record.levelname,
             "logger": record.name,
             "msg": record.getMessage(),
@@ -63,13 +63,12 @@ class JsonFormatter(logging.Formatter):
             out["exc"] = self.formatException(record.exc_info)
         return json.dumps(out, default=str)
 
-
     def access_line(self, created: float, model: str, version: str, protocol: str, api: str,
                     seconds: float, request_id: str) -> str:
         """What :meth:`format` makes of the access log's record of a successful request
         (:mod:`server.access_log`) created at ``created``, without the record: the same keys in
         the same order."""
-        out = {"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{int(created * 1000) % 1000:03d}Z",
+        out = {"ts": _timestamp(created, int(created * 1000) % 1000),
                "level": "INFO", "logger": "server.access", "msg": f"{protocol} {api} {model} -> OK"}
         rid = request_id or request_id_var.get()
         if rid != "-":
@@ -78,6 +77,11 @@ class JsonFormatter(logging.Formatter):
                    ms=round(seconds * 1000, 3))
         out.setdefault("request_id", request_id)
         return json.dumps(out, default=str)
+
+
+def _timestamp(created: float, msecs: int) -> str:
+    """A record's ``ts``: UTC, milliseconds, ``Z``."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{msecs:03d}Z"
 
 
 class TextFormatter(logging.Formatter):

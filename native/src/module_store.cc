@@ -1,11 +1,9 @@
 // module_store.cc -- nanobind bindings of the embedding stores' native parts (row_store.h):
 //
 //   find_rows(keys_by_row, slots, queries, out)        HashIndex probe (slots int32 or int64)
-//   lookup_rows(keys_by_row, slots, identity_size, values, default, queries, out) -> misses
-//                                                      probe + gather (values float32, or float16
-//                                                      passed as its uint16 bits), one call
 //   lookup_many([(keys_by_row, slots, identity_size, values, default, queries, out), ...]) -> misses
-//                                                      several tables' lookup_rows, one call
+//                                                      each table's index probe + row gather (values
+//                                                      float32, or float16 as its uint16 bits), one call
 //   RowCache(capacity, dim)                            the hot-row cache (CLOCK), thread-safe
 //   cache_lookup_many([(cache, keys, out, miss), ...]) -> misses   several caches' lookups, one call
 //
@@ -43,34 +41,6 @@ void find_rows(Vec<const int64_t> keys_by_row, Vec<const Slot> slots, Vec<const 
   sp::store::find_rows<Slot>(keys_by_row.data(), static_cast<int64_t>(keys_by_row.shape(0)), slots.data(),
                              static_cast<int64_t>(slots.shape(0)), queries.data(),
                              static_cast<int64_t>(queries.shape(0)), out.data());
-}
-
-// The rows of `queries` (-1 absent) into rows[]: identity mode when identity_size >= 0.
-template <class Slot>
-void probe(Vec<const int64_t> keys_by_row, Vec<const Slot> slots, int64_t identity_size, const int64_t* q,
-           int64_t n, int64_t* rows) {
-  if (identity_size >= 0) {
-    sp::store::find_identity(identity_size, q, n, rows);
-  } else {
-    sp::store::find_rows<Slot>(keys_by_row.data(), static_cast<int64_t>(keys_by_row.shape(0)), slots.data(),
-                               static_cast<int64_t>(slots.shape(0)), q, n, rows);
-  }
-}
-
-template <class Slot, class V>
-int64_t lookup_rows(Vec<const int64_t> keys_by_row, Vec<const Slot> slots, int64_t identity_size,
-                    Mat<const V> values, Vec<const float> fallback, Vec<const int64_t> queries,
-                    Mat<float> out) {
-  const int64_t n = static_cast<int64_t>(queries.shape(0));
-  const int64_t dim = static_cast<int64_t>(values.shape(1));
-  require(out.shape(0) == queries.shape(0) && static_cast<int64_t>(out.shape(1)) == dim,
-          "lookup_rows: out must be [len(queries), dim]");
-  require(static_cast<int64_t>(fallback.shape(0)) == dim, "lookup_rows: the default vector must have dim values");
-  const int64_t stored = static_cast<int64_t>(values.shape(0));
-  nb::gil_scoped_release nogil;
-  std::vector<int64_t> rows(static_cast<size_t>(n));
-  probe<Slot>(keys_by_row, slots, identity_size, queries.data(), n, rows.data());
-  return sp::store::gather_rows<V>(values.data(), stored, dim, rows.data(), n, fallback.data(), out.data());
 }
 
 // One table of lookup_many: its arrays' data, checked while the GIL is held.
@@ -128,7 +98,7 @@ TableLookup table_lookup(nb::handle item) {
   return tl;
 }
 
-// Several tables' lookup_rows in one call, the GIL released once: the arrays stay referenced by
+// Several tables' lookups (probe + gather) in one call, the GIL released once: the arrays stay referenced by
 // `tables` (the caller's list) for the whole call. Returns each table's misses.
 std::vector<int64_t> lookup_many(nb::list tables) {
   std::vector<TableLookup> work;
@@ -161,12 +131,6 @@ template <class Slot>
 void bind_slot_type(nb::module_& m) {
   m.def("find_rows", &find_rows<Slot>, nb::arg("keys_by_row"), nb::arg("slots").noconvert(),
         nb::arg("queries"), nb::arg("out"));
-  m.def("lookup_rows", &lookup_rows<Slot, float>, nb::arg("keys_by_row"), nb::arg("slots").noconvert(),
-        nb::arg("identity_size"), nb::arg("values").noconvert(), nb::arg("default"), nb::arg("queries"),
-        nb::arg("out"));
-  m.def("lookup_rows", &lookup_rows<Slot, uint16_t>, nb::arg("keys_by_row"), nb::arg("slots").noconvert(),
-        nb::arg("identity_size"), nb::arg("values").noconvert(), nb::arg("default"), nb::arg("queries"),
-        nb::arg("out"));
 }
 
 using sp::store::RowCache;

@@ -27,11 +27,7 @@ def lookup_rows(index, values: np.ndarray, default: np.ndarray, keys: np.ndarray
     """(float32 ``[len(keys), dim]``: each key's row of ``values`` through ``index``, ``default``
     where absent; the number absent). ``keys`` int64, contiguous. Needs ``AVAILABLE``."""
     out = np.empty((len(keys), values.shape[1]), np.float32)
-    stored = values.view(np.uint16) if values.dtype == np.float16 else values
-    if index.identity:
-        misses = MODULE.lookup_rows(_NO_KEYS, _NO_SLOTS, index.size, stored, default, keys, out)
-    else:
-        misses = MODULE.lookup_rows(index._keys, index._slots, -1, stored, default, keys, out)
+    (misses,) = MODULE.lookup_many([_lookup_args(index, values, default, keys, out)])
     return out, misses
 
 
@@ -40,15 +36,19 @@ def lookup_many(tables: Sequence[tuple[Any, np.ndarray]]) -> list[tuple[np.ndarr
     once): per table, (its rows, the number absent). Needs ``AVAILABLE``."""
     work, outs = [], []
     for table, keys in tables:
-        values, index = table.values, table.index
-        out = np.empty((len(keys), values.shape[1]), np.float32)
-        stored = values.view(np.uint16) if values.dtype == np.float16 else values
-        if index.identity:
-            work.append((_NO_KEYS, _NO_SLOTS, index.size, stored, table.default, keys, out))
-        else:
-            work.append((index._keys, index._slots, -1, stored, table.default, keys, out))
+        out = np.empty((len(keys), table.values.shape[1]), np.float32)
+        work.append(_lookup_args(table.index, table.values, table.default, keys, out))
         outs.append(out)
     return list(zip(outs, MODULE.lookup_many(work)))
+
+
+def _lookup_args(index, values: np.ndarray, default: np.ndarray, keys: np.ndarray, out: np.ndarray) -> tuple:
+    """One table's item of the native ``lookup_many``: float16 rows as their bits, an index in
+    identity mode as its size."""
+    stored = values.view(np.uint16) if values.dtype == np.float16 else values
+    if index.identity:
+        return _NO_KEYS, _NO_SLOTS, index.size, stored, default, keys, out
+    return index._keys, index._slots, -1, stored, default, keys, out
 
 
 def find_rows(index, keys: np.ndarray) -> np.ndarray:

@@ -21,15 +21,13 @@ from __future__ import annotations
 
 import os
 import posixpath
-import struct
 import time
 import uuid
 from collections.abc import Callable
 
-from .formats import masked_crc32c
+from .formats import whole_tfrecords
 
 _BUFFER = 1 << 20
-_TFRECORD_HEADER = struct.Struct("<QI")  # length, masked CRC-32C of the length
 
 
 class LogFiles:
@@ -183,23 +181,11 @@ def _alive(pid: int) -> bool:
 
 
 def _complete_bytes(path: str, extension: str) -> int:
-    """How many leading bytes of ``path`` are whole records: TFRecords whose length and data
-    checksums hold (TensorFlow's masked CRC-32C), or JSON lines up to the last newline."""
+    """How many leading bytes of ``path`` are whole records: TFRecords whose checksums hold, or
+    JSON lines up to the last newline."""
     with open(path, "rb") as f:
         data = f.read()
-    if extension != ".tfrecord":
-        return data.rfind(b"\n") + 1
-    at = 0
-    while at + _TFRECORD_HEADER.size <= len(data):
-        length, length_crc = _TFRECORD_HEADER.unpack_from(data, at)
-        end = at + _TFRECORD_HEADER.size + length + 4
-        if length_crc != masked_crc32c(data[at:at + 8]) or end > len(data):
-            break
-        body = data[at + _TFRECORD_HEADER.size:end - 4]
-        if struct.unpack_from("<I", data, end - 4)[0] != masked_crc32c(body):
-            break
-        at = end
-    return at
+    return whole_tfrecords(data) if extension == ".tfrecord" else data.rfind(b"\n") + 1
 
 
 class Uploader:

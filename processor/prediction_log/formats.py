@@ -49,6 +49,21 @@ def tfrecord(data: bytes) -> bytes:
     return b"".join((length, _CRC.pack(masked_crc32c(length)), data, _CRC.pack(masked_crc32c(data))))
 
 
+def whole_tfrecords(data: bytes) -> int:
+    """How many leading bytes of ``data`` are whole TFRecords (:func:`tfrecord`'s framing, both
+    checksums holding): what a reader keeps of a file a crash cut short."""
+    at, header = 0, _LENGTH.size + _CRC.size
+    while at + header <= len(data):
+        (length,) = _LENGTH.unpack_from(data, at)
+        body, end = at + header, at + header + length + _CRC.size
+        if (end > len(data)
+                or _CRC.unpack_from(data, at + _LENGTH.size)[0] != masked_crc32c(data[at:at + _LENGTH.size])
+                or _CRC.unpack_from(data, end - _CRC.size)[0] != masked_crc32c(data[body:end - _CRC.size])):
+            break
+        at = end
+    return at
+
+
 def prediction_log(call: Resolved, sampling_rate: float) -> bytes:
     """The call as one TFRecord of a ``tensorflow.serving.PredictionLog``."""
     entry = _entry(call.model, call.version, call.signature_name, call.request_id, call.time_ns,
