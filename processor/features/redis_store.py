@@ -16,8 +16,8 @@ one replica writes the changed rows into the served version's partitions; ``d:<v
 the step; the others see ``d:<ver>`` >= step and skip. Rows change in place, row by row (no
 update gate spans processes).
 
-**Lookups** (:meth:`RedisVersionTables.lookup`): ids are de-duplicated per table, grouped by
-partition, and fetched with one ``HMGET <partition> <sentinel> <fields...>`` per partition;
+**Lookups** (:meth:`.redis_tables.RedisVersionTables.lookup`): ids are de-duplicated per table,
+grouped by partition, and fetched with one ``HMGET <partition> <sentinel> <fields...>`` per partition;
 replies are turned into arrays without a Python object per row beyond the reply's own.
 
 **Outage**: a refused or broken connection or a reply later than the socket timeout marks the
@@ -55,7 +55,6 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -63,12 +62,12 @@ import numpy as np
 
 from ..errors import Internal, Unavailable
 from .ev_checkpoint import TableSource
-from .rows import LookupStats, Narrowing, RowChunk, TableSpec, to_storage
-from .key_layout import DEFAULT_PARTITIONS, SENTINEL, KeyLayout, key_slot, table_id
+from .rows import Narrowing, RowChunk, TableSpec, to_storage
+from .key_layout import DEFAULT_PARTITIONS, SENTINEL, KeyLayout, key_slot
 from .progress import LoadProgress
 from .redis_client import RedisNodes, StoreDown
 from .redis_url import parse_redis_url
-from .row_cache import HotRowCache
+from .redis_tables import RedisVersionTables
 from .store_metrics import StoreMetrics
 
 log = logging.getLogger("processor.features")
@@ -77,207 +76,6 @@ _UNLOCK = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del'
 _EXTEND = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
            "return redis.call('expire', KEYS[1], ARGV[2]) else return 0 end")
 _WRITE_ROWS = 2048  # rows per HSET command
-
-
-class RedisVersionTables:
-    """One version's tables in Redis. See the module doc and :mod:`.feature_store`.
-
-    ``version`` names the version's keys in Redis: the engine's version id, with ``.f16`` added
-    for ``embedding_dtype`` float16 (replicas with another dtype never read these rows).
-    """
-
-    def __init__(self, store: RedisStore, version: str, specs: dict[str, TableSpec], source: TableSource) -> None:
-        self.store = store
-        self.version = version if store.dtype == "float32" else f"{version}.f16"
-        self.specs = specs
-        self.source = source
-        self.keys, self.slots = store.layout.partition_keys(self.version)
-        self.tids = {name: table_id(name) for name in specs}
-        if len(set(self.tids.values())) != len(self.tids):
-            raise Internal("two embedding tables share a 24-bit table id; rename one")
-        self._defaults = {name: spec.default_vector() for name, spec in specs.items()}
-        self._wire = {name: np.dtype(spec.storage).newbyteorder("<") for name, spec in specs.items()}
-        self.stats = LookupStats(extra={"redis_commands": 0, "cache_hits": 0, "cache_misses": 0})
-        self.narrowing = {name: Narrowing() for name, spec in specs.items() if spec.dtype != "float32"}
-        self._narrowing_lock = threading.Lock()
-        self.loaded_by: str | None = None
-        self.progress: LoadProgress | None = None
-        self.delta_step = -1
-        self.cache_off = HotRowCache.reason_off(store.cache_bytes)
-        self.cache = HotRowCache(specs, store.cache_bytes) if self.cache_off is None else None
-        self.prefilled = 0
-        # Rows a delta this replica is writing into Redis changes, as the served version has them
-        # (table -> (sorted ids, rows, present)); lookups serve them until apply_delta. See stage_delta.
-        self._pinned: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
-
-    # --- serving ----------------------------------------------------------------------------
-
-    def lookup(self, requests: Sequence[tuple[str, np.ndarray]]) -> list[np.ndarray]:
-        """Rows of each request: cached ones from the hot-row cache, the distinct others from
-        Redis in one pipelined round (and then cached). See the module doc. Cache hits and
-        misses count ids as requested (a repeated id counts each time)."""
-        started = time.perf_counter()
-        self.store.check_up()
-        cache = self.cache
-        parts, wanted = [], []
-        flats = [(name, np.ascontiguousarray(keys, np.int64).reshape(-1)) for name, keys in requests]
-        if cache is not None:  # the cache first (one native call), on the ids as they come: no sort when all hit
-            outs = [np.empty((flat.size, self.specs[name].dim), np.float32) for name, flat in flats]
-            misses = cache.lookup_many([(name, flat, out) for (name, flat), out in zip(flats, outs)])
-        for k, (name, flat) in enumerate(flats):
-            if cache is not None:
-                rows, miss = outs[k], misses[k]
-                uniq, inverse = np.unique(flat[miss], return_inverse=True) if len(miss) else (flat[:0], miss)
-            else:
-                rows, miss = None, None
-                uniq, inverse = np.unique(flat, return_inverse=True)
-            parts.append((name, flat.size, rows, miss, inverse))
-            wanted.append((name, uniq))
-        fetched = self._fetch(wanted)
-        pinned = self._pinned
-        out, counts = [], []
-        hits_total = misses_total = 0
-        for (name, size, rows, miss, inverse), (_, ids), (got, present) in zip(parts, wanted, fetched):
-            if len(ids):
-                if pinned is not None and name in pinned:
-                    _overlay(pinned[name], ids, got, present)
-                if cache is not None:
-                    cache.insert(name, ids[present], got[present])
-                    rows[miss] = got[inverse]
-                else:
-                    rows = got[inverse]
-            elif rows is None:
-                rows = got
-            defaults = int(np.count_nonzero(~present[inverse])) if not present.all() else 0
-            out.append(rows)
-            misses = len(miss) if cache is not None else 0
-            hits = size - misses if cache is not None else 0
-            hits_total += hits
-            misses_total += misses
-            counts.append((name, size, defaults, hits, misses))
-        self.stats.add(sum(c[1] for c in counts), sum(c[2] for c in counts))
-        self.stats.extra["cache_hits"] += hits_total
-        self.stats.extra["cache_misses"] += misses_total
-        self.store.metrics.record(time.perf_counter() - started, counts, "redis_cache" if cache is not None else "")
-        return out
-
-    def _fetch(self, wanted: Sequence[tuple[str, np.ndarray]]) -> list[tuple[np.ndarray, np.ndarray]]:
-        """For each (table, distinct ids): (float32 rows, the default vector where absent; present
-        mask), read from Redis with one ``HMGET`` per partition, pipelined per node."""
-        store = self.store
-        layout = store.layout
-        sizes = [len(ids) for _, ids in wanted]
-        total = sum(sizes)
-        if total == 0:
-            return [(np.empty((0, self.specs[n].dim), np.float32), np.zeros(0, bool)) for n, _ in wanted]
-        ids = np.concatenate([ids for _, ids in wanted])
-        tids = np.concatenate([np.full(len(i), self.tids[n], np.uint32) for n, i in wanted])
-        parts = np.concatenate([layout.partition_of(self.tids[n], i) for n, i in wanted])
-        order = np.argsort(parts, kind="stable")
-        counts = np.bincount(parts, minlength=layout.partitions)
-        fields = layout.packed_fields(tids[order], ids[order])
-        commands = []
-        pos = 0
-        for p in np.flatnonzero(counts).tolist():
-            c = int(counts[p])
-            commands.append((int(self.slots[p]), layout.pack_hmget(self.keys[p], fields[pos: pos + c])))
-            pos += c
-        replies = store.run(commands)
-        flat_sorted: list[bytes | None] = []
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise Internal(f"feature store: {type(reply).__name__}: {reply}")
-            if reply[0] is None:
-                store.data_lost(self, "a partition of version %s has no data" % self.version)
-            flat_sorted.extend(reply[1:])
-        self.stats.extra["redis_commands"] += len(commands)
-        inv_order = np.empty(total, np.int64)
-        inv_order[order] = np.arange(total)
-        flat = [flat_sorted[j] for j in inv_order.tolist()]
-        out = []
-        start = 0
-        for (name, _), n in zip(wanted, sizes):
-            seg = flat[start: start + n]
-            start += n
-            dim = self.specs[name].dim
-            hit = np.fromiter((v is not None for v in seg), bool, n)
-            rows = np.empty((n, dim), np.float32)
-            hits = int(np.count_nonzero(hit))
-            if hits:
-                rows[hit] = np.frombuffer(b"".join([v for v in seg if v is not None]),
-                                          self._wire[name]).reshape(hits, dim)
-            if hits < n:
-                rows[~hit] = self._defaults[name]
-            out.append((rows, hit))
-        return out
-
-    def prefill(self, previous: RedisVersionTables | None, limit: int = 65536) -> None:
-        """Fill the cache with this version's rows of the ids hottest in ``previous``'s cache
-        (at most ``limit`` a table); best effort: a Redis error leaves the cache as it is."""
-        if self.cache is None or previous is None or previous.cache is None:
-            return
-        wanted = []
-        for name in self.specs:
-            if name in previous.specs:
-                hot = previous.cache.hot_ids(name, min(limit, self.cache.capacity_rows(name)))
-                if len(hot):
-                    wanted.append((name, np.unique(hot)))
-        try:
-            for (name, ids), (rows, present) in zip(wanted, self._fetch(wanted)):
-                self.cache.insert(name, ids[present], rows[present])
-                self.prefilled += int(np.count_nonzero(present))
-        except (Unavailable, Internal) as exc:
-            log.warning("feature store %s: no cache prefill for version %s: %s", self.store.kind, self.version, exc)
-
-    # --- updates ----------------------------------------------------------------------------
-
-    def stage_delta(self, rows: dict[str, RowChunk], step: int, source: TableSource | None = None) -> None:
-        """Write a delta's rows once for all replicas (see the module doc). The replica that
-        writes them first pins the rows it changes as they are now (:meth:`pin`), so its
-        requests see the old version whole until :meth:`apply_delta`, then the new one whole."""
-        if source is not None:
-            self.source = source
-        self.store.write_delta(self, rows, step)
-        self.delta_step = step
-
-    def pin(self, rows: dict[str, RowChunk]) -> None:
-        """Keep serving the served rows of ``rows``' ids until :meth:`apply_delta` (called with the
-        version's writer lock held, before the delta is written into Redis)."""
-        wanted = [(name, np.unique(np.asarray(chunk.keys, np.int64))) for name, chunk in rows.items()
-                  if name in self.specs and len(chunk)]
-        self._pinned = {name: (ids, got, present)
-                        for (name, ids), (got, present) in zip(wanted, self._fetch(wanted))}
-
-    def apply_delta(self, rows: dict[str, RowChunk], step: int) -> None:
-        """Behind the update gate (no lookup in flight): the cached rows of the delta's ids take
-        the delta's values (as Redis now holds them: in the storage dtype), on every replica,
-        whoever wrote the delta into Redis; rows pinned by :meth:`pin` are let go."""
-        if self.cache is not None:
-            for name, chunk in rows.items():
-                spec = self.specs.get(name)
-                if spec is None or not len(chunk):
-                    continue
-                values = np.asarray(chunk.values, np.float32).astype(spec.storage).astype(np.float32)
-                self.cache.update(name, np.asarray(chunk.keys, np.int64), values)
-        self._pinned = None
-
-    def describe(self) -> dict[str, Any]:
-        tables = {}
-        for n, s in self.specs.items():
-            tables[n] = {"dim": s.dim, "keyed_by": s.keyed_by, "checkpoint_rows": s.rows, "dtype": s.dtype}
-            if n in self.narrowing:
-                tables[n]["float16"] = self.narrowing[n].as_dict()
-        lookups = self.stats.as_dict()
-        looked = lookups["cache_hits"] + lookups["cache_misses"]
-        lookups["cache_hit_rate"] = lookups["cache_hits"] / looked if looked else None
-        cache = self.cache.describe() if self.cache is not None else {"policy": self.cache_off}
-        return {"store": self.store.kind, "version": self.version, "loaded_by": self.loaded_by,
-                "delta_step": self.delta_step, "partitions": len(self.keys), "tables": tables,
-                "cache": {**cache, "prefilled_rows": self.prefilled}, "lookups": lookups,
-                "load": self.progress.describe() if self.progress else None}
-
-    def release(self) -> None:
-        self.store.forget(self)
 
 
 class RedisStore:
@@ -649,16 +447,3 @@ class RedisStore:
             if thread is not None and thread is not threading.current_thread():
                 thread.join(timeout=5)
         self.nodes.close()
-
-
-def _overlay(pinned: tuple[np.ndarray, np.ndarray, np.ndarray], ids: np.ndarray, rows: np.ndarray,
-             present: np.ndarray) -> None:
-    """Replace ``rows`` / ``present`` of the ``ids`` that ``pinned`` holds by the pinned ones."""
-    pids, prows, ppresent = pinned
-    if not len(pids):
-        return
-    pos = np.minimum(np.searchsorted(pids, ids), len(pids) - 1)
-    match = pids[pos] == ids
-    if match.any():
-        rows[match] = prows[pos[match]]
-        present[match] = ppresent[pos[match]]

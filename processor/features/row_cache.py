@@ -12,7 +12,7 @@ cache of float32 rows answers most ids without a Redis round trip. Per table, a 
   concurrent lookups never serialize on a list update as an exact LRU's would; a miss evicts
   the first slot whose bit is clear as the hand sweeps. Under a skewed (Zipf) distribution it
   keeps what LRU keeps: ids looked up again within one sweep stay;
-* **version-aware** (what :class:`~.redis_store.RedisVersionTables` does with it): a new full
+* **version-aware** (what :class:`~.redis_tables.RedisVersionTables` does with it): a new full
   version gets a new cache (prefilled with the hottest ids of the last one, read from the new
   version in Redis); a delta overwrites the cached rows it changes, from the delta file, behind
   the update gate (no lookup in flight), on every replica, whoever wrote it into Redis. A row

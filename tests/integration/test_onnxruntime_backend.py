@@ -131,7 +131,7 @@ def test_pinning_is_reported_exactly(toy_model, make_processor):
 
 
 def test_affinity_string_format():
-    from processor.engine.onnx.backend import intra_op_affinities
+    from processor.engine.onnx.ort_env import intra_op_affinities
 
     assert intra_op_affinities((0,), 2) == "1"
     assert intra_op_affinities((0, 1), 3) == "1,2;1,2"

@@ -5,7 +5,8 @@
 * :mod:`.param_buffers` - the parameters in processor-owned host or GPU memory, shared by sessions;
 * :mod:`.placement`, :mod:`.split` - device placement: the graph split at its embedding lookups;
 * :mod:`.profile` - ONNX Runtime profiles read into trace events;
-* :mod:`.ort_env` - the onnxruntime module and its process-wide thread pools;
+* :mod:`.ort_env` - the onnxruntime module, its process-wide thread pools, pool thread pinning;
+* :mod:`.ort_errors` - a run's ONNX Runtime errors mapped to ours;
 * :mod:`.convert` - a SavedModel or ``.onnx`` file prepared for serving (cached);
 * :mod:`.from_tensorflow` - TensorFlow SavedModels converted with tf2onnx;
 * :mod:`.check` - a converted graph checked against TensorFlow;

@@ -71,7 +71,7 @@ import numpy as np
 
 from ...checkpoint.delta import CheckpointError, Delta, VariableInfo, read_delta
 from ...config import ModelConfig
-from ...errors import ConfigError, Internal, InvalidArgument, ProcessorError
+from ...errors import ConfigError, Internal, InvalidArgument
 from ... import shared_segments
 from ...store.model_version import ModelVersion
 from .. import device_plan, pinning
@@ -80,23 +80,14 @@ from . import native_engine, placement, profile
 from .convert import prepare
 from .param_buffers import Parameters
 from .weights import map_parameters
-from .ort_env import ensure_global_thread_pools, global_pools_in_force, ort as _ort
+from .ort_env import ensure_global_thread_pools, global_pools_in_force, intra_op_affinities, ort as _ort
+from .ort_errors import engine_error as _engine_error
 
 log = logging.getLogger(__name__)
 
 # Distinct output selections remembered per backend (clients use a handful; bounded so that a
 # client cycling through output_filter permutations cannot grow it).
 _FETCH_CACHE_SIZE = 64
-def intra_op_affinities(cpus: tuple[int, ...] | list[int], threads: int) -> str:
-    """``session.intra_op_thread_affinities`` pinning every pool worker to ``cpus``.
-
-    ORT wants ``threads - 1`` entries separated by ``;`` (the calling thread is the first thread
-    and is not pinned), each a comma list of 1-based logical CPU ids.
-    """
-    entry = ",".join(str(c + 1) for c in cpus)
-    return ";".join([entry] * (threads - 1))
-
-
 class OnnxRuntimeBackend:
     """See the module doc."""
 
@@ -532,26 +523,3 @@ class OnnxRuntimeBackend:
         if self._split is None:
             return f"with every other parameter, on {[s.location for s in self._parameters.sets.values()]}"
         return {name: self._parameters.location_of(name) for name in self._split.tables}
-
-
-@functools.cache
-def _ort_error_map() -> tuple[tuple[type[BaseException], type[ProcessorError]], ...]:
-    """ONNX Runtime's exception classes (one per status code) -> our error for a failed run.
-
-    What refuses the caller's input (a wrong rank, dtype or shape, an id out of a table's range:
-    ``InvalidArgument``; a graph that cannot run these inputs: ``InvalidGraph``) is the caller's
-    :class:`~processor.errors.InvalidArgument`; every other status (``Fail``, ``RuntimeException``,
-    ``EngineError``, ``EPFail``, ``NotImplemented``, ...) and any other exception is the engine's
-    failure, :class:`~processor.errors.Internal`.
-    """
-    from onnxruntime.capi import onnxruntime_pybind11_state as status
-
-    return ((status.InvalidArgument, InvalidArgument), (status.InvalidGraph, InvalidArgument))
-
-
-def _engine_error(exc: Exception) -> ProcessorError:
-    """The ProcessorError for an exception of ``InferenceSession.run``."""
-    for ort_class, error in _ort_error_map():
-        if isinstance(exc, ort_class):
-            return error(f"the model rejected the input: {exc}")
-    return Internal(f"ONNX Runtime: {type(exc).__name__}: {exc}")

@@ -1,4 +1,5 @@
-"""ONNX Runtime's process-wide environment: the onnxruntime module and its global thread pools.
+"""ONNX Runtime's process-wide environment: the onnxruntime module, its global thread pools and
+how a session's pool threads are pinned (:func:`intra_op_affinities`).
 
 Shared by the backend (:mod:`.backend`, which creates the pools when a model asks for them) and
 the conversion check (:mod:`.check`, whose sessions must then use them too: ONNX Runtime refuses
@@ -39,3 +40,13 @@ def ensure_global_thread_pools(intra: int, inter: int) -> tuple[int, int]:
 def global_pools_in_force() -> tuple[int, int] | None:
     """The sizes of ORT's global pools if some model created them, else None."""
     return _global_pool_sizes
+
+
+def intra_op_affinities(cpus: tuple[int, ...] | list[int], threads: int) -> str:
+    """``session.intra_op_thread_affinities`` pinning every pool worker to ``cpus``.
+
+    ORT wants ``threads - 1`` entries separated by ``;`` (the calling thread is the first thread
+    and is not pinned), each a comma list of 1-based logical CPU ids.
+    """
+    entry = ",".join(str(c + 1) for c in cpus)
+    return ";".join([entry] * (threads - 1))
