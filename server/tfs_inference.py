@@ -39,6 +39,8 @@ from processor.errors import InvalidArgument, SignatureNotFound
 from processor.request import PredictCall, PredictResult
 from processor.signature import Signature
 
+from .tfs_messages import messages
+
 CLASSIFY = "tensorflow/serving/classify"
 REGRESS = "tensorflow/serving/regress"
 
@@ -104,17 +106,12 @@ def _run(dataplane, call: PredictCall) -> PredictResult:
 
 def classify(dataplane, request, deadline: float | None = None, wanted: Wanted | None = None):
     """A ``ClassificationRequest`` answered as a ``ClassificationResponse``."""
-    from tensorflow_serving.apis import classification_pb2
-
-    return _answer(dataplane, request, deadline, wanted, classification_pb2.ClassificationResponse(),
-                   fill_classifications)
+    return _answer(dataplane, request, deadline, wanted, messages().ClassificationResponse(), fill_classifications)
 
 
 def regress(dataplane, request, deadline: float | None = None, wanted: Wanted | None = None):
     """A ``RegressionRequest`` answered as a ``RegressionResponse``."""
-    from tensorflow_serving.apis import regression_pb2
-
-    return _answer(dataplane, request, deadline, wanted, regression_pb2.RegressionResponse(), fill_regressions)
+    return _answer(dataplane, request, deadline, wanted, messages().RegressionResponse(), fill_regressions)
 
 
 def _answer(dataplane, request, deadline: float | None, wanted: Wanted | None, response, fill):
@@ -128,8 +125,6 @@ def _answer(dataplane, request, deadline: float | None, wanted: Wanted | None, r
 
 def multi_inference(dataplane, request, deadline: float | None = None):
     """A ``MultiInferenceRequest`` answered as a ``MultiInferenceResponse`` (see the module doc)."""
-    from tensorflow_serving.apis import inference_pb2
-
     tasks = list(request.tasks)
     if not tasks:
         raise InvalidArgument("MultiInferenceRequest has no tasks.")  # TF Serving: the same, unnamed
@@ -151,7 +146,7 @@ def multi_inference(dataplane, request, deadline: float | None = None):
         results = dataplane.predict_each(call, [t.model_spec.signature_name for t in tasks])
     except SignatureNotFound as exc:
         raise InvalidArgument(f"Requested signature not found in model graph: {cut(exc.name)}") from None
-    response = inference_pb2.MultiInferenceResponse()
+    response = messages().MultiInferenceResponse()
     for task, result in zip(tasks, results):
         item = response.results.add()
         _model_spec(item.model_spec, task.model_spec, result)

@@ -16,6 +16,8 @@ from processor.manager.model_state import ModelState
 from processor.request import requested_version, version_number
 from processor.signature import Signature
 
+from .tfs_messages import messages
+
 PREDICT_METHOD = "tensorflow/serving/predict"
 
 # ModelState -> TF Serving's ModelVersionStatus.State name (a plain state string looks up the same).
@@ -60,16 +62,15 @@ def model_status(model, wanted: int | None) -> list[VersionStatus]:
 
 def signature_def(signature: Signature):
     """The served signature as a ``tensorflow.SignatureDef`` proto."""
-    from tensorflow.core.framework import tensor_shape_pb2
-    from tensorflow.core.protobuf import meta_graph_pb2
+    types = messages()
 
     def info(spec):
-        shape = tensor_shape_pb2.TensorShapeProto(unknown_rank=spec.shape is None)
+        shape = types.TensorShapeProto(unknown_rank=spec.shape is None)
         for d in spec.shape or ():
             shape.dim.add(size=d)
-        return meta_graph_pb2.TensorInfo(name=spec.name, dtype=spec.dtype, tensor_shape=shape)
+        return types.TensorInfo(name=spec.name, dtype=spec.dtype, tensor_shape=shape)
 
-    sig = meta_graph_pb2.SignatureDef(method_name=signature.method or PREDICT_METHOD)
+    sig = types.SignatureDef(method_name=signature.method or PREDICT_METHOD)
     for alias, spec in signature.inputs.items():
         sig.inputs[alias].CopyFrom(info(spec))
     for alias, spec in signature.outputs.items():

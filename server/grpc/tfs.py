@@ -1,6 +1,7 @@
 """TF Serving's gRPC API: ``tensorflow.serving.PredictionService`` (Predict, Classify, Regress,
 MultiInference, GetModelMetadata) and ``tensorflow.serving.ModelService/GetModelStatus``, with
-the messages of the ``tensorflow-serving-api`` package, so unchanged TF Serving clients work.
+the messages of the ``tensorflow-serving-api`` package (built without importing TensorFlow:
+:mod:`server.tfs_messages`), so unchanged TF Serving clients work.
 
 As TF Serving answers them:
 
@@ -30,6 +31,7 @@ from processor.request import PredictCall
 
 from .. import tfs_inference, tfserving
 from ..deadline import from_grpc
+from ..tfs_messages import Messages, messages
 from . import parse, tensor_proto
 
 log = logging.getLogger("server.grpc")
@@ -45,13 +47,12 @@ def _spec(spec) -> tuple[str, int | None, str | None]:
 class TfsService:
     """The two services' methods over the server's handlers (``server.grpc.server._Handlers``)."""
 
-    def __init__(self, handlers) -> None:
+    def __init__(self, handlers, types: Messages) -> None:
         self.h = handlers
         self.rt = handlers.rt
+        self.m = types
 
     def predict(self, request, context: grpc.ServicerContext):
-        from tensorflow_serving.apis import predict_pb2
-
         name, version, label = _spec(request.model_spec)
 
         def work():
@@ -60,7 +61,7 @@ class TfsService:
                 name, arrays, version=version, label=label, signature_name=request.model_spec.signature_name,
                 output_filter=list(request.output_filter), deadline=from_grpc(context), check_shapes=False))
             content = self.rt.model(name).config.enable_serialization_as_tensor_content
-            response = predict_pb2.PredictResponse()
+            response = self.m.PredictResponse()
             response.model_spec.name = name
             response.model_spec.version.value = result.version_number
             response.model_spec.signature_name = result.signature.name
@@ -83,8 +84,6 @@ class TfsService:
             self.rt.dataplane, request, from_grpc(context)))
 
     def metadata(self, request, context: grpc.ServicerContext):
-        from tensorflow_serving.apis import get_model_metadata_pb2
-
         name, version, label = _spec(request.model_spec)
 
         def work():
@@ -94,10 +93,10 @@ class TfsService:
                 raise InvalidArgument(f"Metadata field {unsupported[0] if unsupported else '(none)'} "
                                       f"is not supported; ask for 'signature_def'")
             served = self.rt.dataplane.served(name, version, label)
-            sig_map = get_model_metadata_pb2.SignatureDefMap()
+            sig_map = self.m.SignatureDefMap()
             for signature in served.signatures.values():
                 sig_map.signature_def[signature.name].CopyFrom(tfserving.signature_def(signature))
-            response = get_model_metadata_pb2.GetModelMetadataResponse()
+            response = self.m.GetModelMetadataResponse()
             response.model_spec.name = name
             response.model_spec.version.value = served.version_number
             response.metadata["signature_def"].Pack(sig_map)
@@ -105,53 +104,41 @@ class TfsService:
         return self.h._call("tfs_metadata", name, context, work)
 
     def status(self, request, context: grpc.ServicerContext):
-        from tensorflow_serving.apis import get_model_status_pb2
-
         name, version, label = _spec(request.model_spec)
 
         def work():
             statuses = tfserving.served_model_status(self.rt.model(name), version, label)
-            response = get_model_status_pb2.GetModelStatusResponse()
-            State = get_model_status_pb2.ModelVersionStatus.State
+            response = self.m.GetModelStatusResponse()
+            State = self.m.ModelVersionStatus.State
             for s in statuses:
                 item = response.model_version_status.add(version=s.version, state=State.Value(s.state))
-                item.status.error_code = _error_code(s.error_code)
+                item.status.error_code = self.m.ErrorCode.Value(s.error_code)
                 item.status.error_message = s.error_message
             return response
         return self.h._call("tfs_status", name, context, work)
 
 
-def _error_code(name: str) -> int:
-    from tensorflow.core.protobuf import error_codes_pb2
-
-    return error_codes_pb2.Code.Value(name)
-
-
 def generic_handlers(handlers) -> list[grpc.GenericRpcHandler]:
     """The two services' handlers; none (a warning logged) without ``tensorflow-serving-api``."""
     try:
-        from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2, get_model_status_pb2,
-                                             inference_pb2, predict_pb2, regression_pb2)
+        m = messages()
     except ImportError as exc:
         log.warning("TF Serving gRPC API disabled: %s (install tensorflow-serving-api with "
                     "--no-deps, as scripts/setup.sh does)", exc)
         return []
-    service = TfsService(handlers)
+    service = TfsService(handlers, m)
 
     def unary(fn: Any, request_type: Any, response_type: Any, api: str) -> grpc.RpcMethodHandler:
         return parse.unary(fn, request_type, response_type, handlers._call, api)
 
     return [grpc.method_handlers_generic_handler(PREDICTION_SERVICE, {
-        "Predict": unary(service.predict, predict_pb2.PredictRequest, predict_pb2.PredictResponse, "tfs_predict"),
-        "Classify": unary(service.classify, classification_pb2.ClassificationRequest,
-                          classification_pb2.ClassificationResponse, "tfs_classify"),
-        "Regress": unary(service.regress, regression_pb2.RegressionRequest, regression_pb2.RegressionResponse,
-                         "tfs_regress"),
-        "MultiInference": unary(service.multi_inference, inference_pb2.MultiInferenceRequest,
-                                inference_pb2.MultiInferenceResponse, "tfs_multi_inference"),
-        "GetModelMetadata": unary(service.metadata, get_model_metadata_pb2.GetModelMetadataRequest,
-                                  get_model_metadata_pb2.GetModelMetadataResponse, "tfs_metadata"),
+        "Predict": unary(service.predict, m.PredictRequest, m.PredictResponse, "tfs_predict"),
+        "Classify": unary(service.classify, m.ClassificationRequest, m.ClassificationResponse, "tfs_classify"),
+        "Regress": unary(service.regress, m.RegressionRequest, m.RegressionResponse, "tfs_regress"),
+        "MultiInference": unary(service.multi_inference, m.MultiInferenceRequest, m.MultiInferenceResponse,
+                                "tfs_multi_inference"),
+        "GetModelMetadata": unary(service.metadata, m.GetModelMetadataRequest, m.GetModelMetadataResponse,
+                                  "tfs_metadata"),
     }), grpc.method_handlers_generic_handler(MODEL_SERVICE, {
-        "GetModelStatus": unary(service.status, get_model_status_pb2.GetModelStatusRequest,
-                                get_model_status_pb2.GetModelStatusResponse, "tfs_status"),
+        "GetModelStatus": unary(service.status, m.GetModelStatusRequest, m.GetModelStatusResponse, "tfs_status"),
     })]

@@ -24,6 +24,7 @@ from processor.signature import Signature
 from .. import tfs_inference
 from ..deadline import from_http_headers
 from ..runtime import ServingRuntime
+from ..tfs_messages import messages
 from . import tfs_examples, tfs_json, tfs_json_encode
 from .body import Receive, read_body
 from .memory_budget import DEFAULT_BUDGET, Hold, MemoryBudget, trim_heap
@@ -249,10 +250,8 @@ def tfs_classify_regress(rt: ServingRuntime, name: str, version: int | None, lab
                          max_depth: int = tfs_json.MAX_DEPTH) -> bytes:
     """TF Serving REST ``:classify`` / ``:regress`` (on the model's thread pool): the examples
     JSON (:mod:`server.http.tfs_examples`) in, ``{"results": ...}`` out."""
-    from tensorflow_serving.apis import classification_pb2, regression_pb2
-
-    request = (classification_pb2.ClassificationRequest() if method == "classify"
-               else regression_pb2.RegressionRequest())
+    types = messages()
+    request = types.ClassificationRequest() if method == "classify" else types.RegressionRequest()
     request.model_spec.name = name
     tfs_examples.fill_request(body, request, max_depth)
     run = tfs_inference.classify if method == "classify" else tfs_inference.regress
