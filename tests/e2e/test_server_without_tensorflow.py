@@ -4,7 +4,8 @@ TensorFlow costs every server process ~230 MiB of private memory; TF Serving's A
 import it through ``tensorflow_serving.apis``' protocol buffers (they are built without it now:
 ``server/tfs_messages.py``). A real server (``python -m server``, 2 workers) serves the DLRM-like
 ``.onnx`` model on ONNX Runtime; TF Serving's own client stubs call Predict, GetModelMetadata and
-GetModelStatus over its gRPC port on fresh channels until both workers have answered each; then
+GetModelStatus over its gRPC port on fresh channels, and TF Serving's REST metadata on fresh
+connections, until both workers have answered each; then
 no process of the server (supervisor, workers) has TensorFlow's library mapped
 (``/proc/<pid>/maps``: ``tensorflow/__init__.py`` loads ``libtensorflow_framework.so``, and any
 TensorFlow pb2 import runs it).
@@ -22,6 +23,7 @@ import pytest
 from demo import dlrm_onnx
 
 RPC_TIMEOUT = 30.0
+CALLS = [("grpc", "tfs_predict"), ("grpc", "tfs_metadata"), ("grpc", "tfs_status"), ("http", "tfs_metadata")]
 
 
 def loaded_tensorflow(pid: int) -> list[str]:
@@ -31,14 +33,14 @@ def loaded_tensorflow(pid: int) -> list[str]:
     return sorted(p for p in paths if "libtensorflow" in Path(p).name or "_pywrap_tensorflow" in p)
 
 
-def worker_of_each_call(log: str) -> dict[str, set[int]]:
-    """api -> the workers whose access-log lines show it answered."""
-    seen: dict[str, set[int]] = {}
+def worker_of_each_call(log: str) -> dict[tuple[str, str], set[int]]:
+    """(protocol, api) -> the workers whose access-log lines show they answered it."""
+    seen: dict[tuple[str, str], set[int]] = {}
     for line in log.splitlines():
         if line.startswith("{"):
             entry = json.loads(line)
             if "api" in entry and "worker" in entry:
-                seen.setdefault(entry["api"], set()).add(entry["worker"])
+                seen.setdefault((entry["protocol"], entry["api"]), set()).add(entry["worker"])
     return seen
 
 
@@ -68,16 +70,16 @@ def test_an_onnx_only_server_answers_tf_serving_grpc_and_no_process_loads_tensor
         metadata.model_spec.name = "dlrm"
         status = get_model_status_pb2.GetModelStatusRequest()
         status.model_spec.name = "dlrm"
-        answers = []
+        answers, rest = [], []
 
         def call_on_a_fresh_channel() -> bool:
             with grpc.insecure_channel(server.grpc_target) as channel:
                 stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
                 answers.append((stub.Predict(predict, RPC_TIMEOUT), stub.GetModelMetadata(metadata, RPC_TIMEOUT),
                                 model_service_pb2_grpc.ModelServiceStub(channel).GetModelStatus(status, RPC_TIMEOUT)))
+            rest.append(server.get_json("/v1/models/dlrm/metadata"))  # a new connection each call
             seen = worker_of_each_call(server.log())
-            return all(seen.get(api, set()) >= set(server.ports["workers"])
-                       for api in ("tfs_predict", "tfs_metadata", "tfs_status"))
+            return all(seen.get(call, set()) >= set(server.ports["workers"]) for call in CALLS)
 
         assert wait_for(call_on_a_fresh_channel, 120), \
             f"not every worker answered each call: {worker_of_each_call(server.log())}"
@@ -91,5 +93,7 @@ def test_an_onnx_only_server_answers_tf_serving_grpc_and_no_process_loads_tensor
             assert set(signatures.signature_def["serving_default"].inputs) == set(inputs)
             [version] = model_status.model_version_status
             assert version.state == get_model_status_pb2.ModelVersionStatus.AVAILABLE
+        for answer in rest:
+            assert set(answer["metadata"]["signature_def"]["signature_def"]["serving_default"]["inputs"]) == set(inputs)
         assert {pid: loaded_tensorflow(pid) for pid in processes} == {pid: [] for pid in processes}
         assert server.stop() == 0
