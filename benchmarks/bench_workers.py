@@ -4,17 +4,22 @@
   embedding tables on ONNX Runtime, ``python -m server`` with ``workers`` 1, 2 and 4: the
   machine's used memory (``MemTotal - MemAvailable`` from ``/proc/meminfo``: shared memory
   included) just before the start and once every worker serves (and has answered a few
-  requests); each worker beyond the first should add at most 0.2 of the tables' bytes;
+  requests), and the server's own memory (private pages of its processes + its shared segments
+  once); each worker beyond the first should add at most 0.2 of the tables' bytes. ``--rounds``
+  rounds of 1, 2, 4 workers, each figure the median over rounds (the per-worker ratio of each
+  round against the same round's one worker); before them, how much the machine's used memory
+  moves in 10 s with no server running (other processes' drift);
 * **throughput**: the same model with small tables (26 x 20,000 x 16), batch 1, workers 1 vs 2:
   HTTP our wire format (``wrk``) and gRPC ``ProcessorService.Predict`` (``h2load``), req/s and
   p50/p99 (ms). The load generators run on the same machine and take CPU from the server.
 
-The machine may be shared: other processes' memory and CPU move both figures; the memory
-figure takes the used memory right before each start as its baseline. Writes
-``benchmarks/results/workers.json`` and ``.md``.
+The machine may be shared: other processes' memory and CPU move both figures; the machine's
+memory figure takes the used memory right before each start as its baseline, and moves by the
+drift above; the server's own memory does not. Writes ``benchmarks/results/workers.json`` and
+``.md``.
 
-    .venv/bin/python -m benchmarks.bench_workers [--table-gb 1] [--workers 1,2,4] [--seconds 5]
-        [--skip-memory] [--skip-throughput] [--out-dir DIR]
+    .venv/bin/python -m benchmarks.bench_workers [--table-gb 1] [--workers 1,2,4] [--rounds 3]
+        [--seconds 5] [--skip-memory] [--skip-throughput] [--out-dir DIR]
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -80,34 +86,65 @@ def answer_a_few(server, calls: int = 20) -> None:
             resp.read()
 
 
-def measure_memory(model_dir: Path, table_bytes: int, workers_list: list[int], work: Path) -> list[dict]:
+def drift_mib(seconds: float = 10.0) -> float:
+    """How far the machine's used memory moves in ``seconds`` with no server running (MiB)."""
+    samples = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        samples.append(used_bytes())
+        time.sleep(0.25)
+    return (max(samples) - min(samples)) / 2**20
+
+
+def measure_once(model_dir: Path, workers: int, work: Path) -> dict:
+    """One server's start with ``workers``: the machine's used memory before and while serving,
+    and the server's own memory."""
     from tools.server_process import ServerProcess
 
-    rows = []
-    for workers in workers_list:
-        time.sleep(2)  # let the previous server's memory go back
-        before = used_bytes()
-        server = ServerProcess(deployment(model_dir, workers), work / f"memory-{workers}").start(timeout=900)
-        try:
-            answer_a_few(server)
-            time.sleep(1)
-            after = used_bytes()
-            own = server_memory(server)
-        finally:
-            server.stop()
-        added = after - before
-        rows.append({"workers": workers, "used_before_mib": before / 2**20, "used_after_mib": after / 2**20,
-                     "added_mib": added / 2**20, "added_over_tables": added / table_bytes, **own})
-        print(f"workers {workers}: machine +{added / 2**20:.0f} MiB ({added / table_bytes:.2f} x the tables); "
-              f"server's own {own['own_mib']:.0f} MiB (private {own['private_mib']:.0f}, shared "
-              f"{own['shared_segments_mib']:.0f})", flush=True)
-    for key in ("added_mib", "own_mib"):
-        base = rows[0][key]
+    time.sleep(2)  # let the previous server's memory go back
+    before = used_bytes()
+    server = ServerProcess(deployment(model_dir, workers), work).start(timeout=900)
+    try:
+        answer_a_few(server)
+        time.sleep(1)
+        after = used_bytes()
+        own = server_memory(server)
+    finally:
+        server.stop()
+    return {"workers": workers, "used_before_mib": before / 2**20, "used_after_mib": after / 2**20,
+            "added_mib": (after - before) / 2**20, **own}
+
+
+def measure_memory(model_dir: Path, table_bytes: int, workers_list: list[int], rounds: int,
+                   work: Path) -> tuple[list[dict], list[list[dict]]]:
+    """``rounds`` rounds of one server per entry of ``workers_list`` (the first: one worker, the
+    base of the ratios); returns the medians per entry and each round's rows."""
+    each_round = []
+    for r in range(rounds):
+        rows = [measure_once(model_dir, workers, work / f"memory-{r}-{workers}") for workers in workers_list]
         for row in rows:
-            extra = row["workers"] - 1
-            row[f"per_extra_worker_over_tables_{key[:-4]}"] = (
-                (row[key] - base) * 2**20 / extra / table_bytes if extra else None)
-    return rows
+            print(f"round {r + 1} workers {row['workers']}: machine +{row['added_mib']:.0f} MiB; server's own "
+                  f"{row['own_mib']:.0f} MiB (private {row['private_mib']:.0f}, shared "
+                  f"{row['shared_segments_mib']:.0f})", flush=True)
+        for key in ("added_mib", "own_mib"):
+            for row in rows:
+                extra = row["workers"] - 1
+                row[f"per_extra_worker_over_tables_{key[:-4]}"] = (
+                    (row[key] - rows[0][key]) * 2**20 / extra / table_bytes if extra else None)
+        each_round.append(rows)
+    medians = []
+    for i, workers in enumerate(workers_list):
+        rows = [each[i] for each in each_round]
+        row: dict = {"workers": workers}
+        for key in rows[0]:
+            if key != "workers":
+                values = [r[key] for r in rows]
+                row[key] = None if None in values else statistics.median(values)
+        row["added_min_mib"] = min(r["added_mib"] for r in rows)
+        row["added_max_mib"] = max(r["added_mib"] for r in rows)
+        row["added_over_tables"] = row["added_mib"] * 2**20 / table_bytes
+        medians.append(row)
+    return medians, each_round
 
 
 def measure_throughput(model_dir: Path, workers_list: list[int], seconds: float, work: Path) -> list[dict]:
@@ -134,6 +171,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--table-gb", type=float, default=1.0)
     parser.add_argument("--workers", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4])
+    parser.add_argument("--rounds", type=int, default=3, help="memory: rounds of every --workers entry")
     parser.add_argument("--load-workers", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--skip-memory", action="store_true")
@@ -143,8 +181,7 @@ def main() -> int:
     os.environ.setdefault("SP_ONNX_CACHE_DIR", tempfile.mkdtemp(prefix="sp-bench-workers-cache-"))
     payload: dict = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                                  "load_average": os.getloadavg()}}
-    md = [f"# workers: N (issue 24)\n\n{os.cpu_count()} CPUs, load average at the start "
-          f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} (a shared machine moves these figures).\n"]
+    md = [""]  # the heading, once the load average at the end is known
     with tempfile.TemporaryDirectory(prefix="sp-bench-workers-") as tmp:
         work = Path(tmp)
         if not args.skip_memory:
@@ -155,27 +192,33 @@ def main() -> int:
             subprocess.run([sys.executable, "-m", "demo.dlrm_onnx", str(big), "--rows", str(rows_per_table),
                             "--dim", str(DIM)], check=True, stdout=subprocess.DEVNULL)
             table_bytes = dlrm_onnx.SPARSE * rows_per_table * DIM * 4
-            memory = measure_memory(big, table_bytes, args.workers, work)
-            payload["memory"] = {"table_bytes": table_bytes, "rows": memory}
-            md.append(f"## Memory: {table_bytes / 2**30:.2f} GiB of tables\n\n"
-                      "Machine: MemTotal - MemAvailable before the start and while serving (other processes "
-                      "move it). Server: private pages of the supervisor and every worker + the shared "
-                      "segments once.\n\n"
+            drift = drift_mib()
+            print(f"the machine's used memory moved by {drift:.0f} MiB in 10 s with no server", flush=True)
+            memory, each_round = measure_memory(big, table_bytes, args.workers, args.rounds, work)
+            payload["memory"] = {"table_bytes": table_bytes, "rounds": args.rounds,
+                                 "drift_mib_in_10s_without_server": drift, "rows": memory, "each_round": each_round}
+            md.append(f"## Memory: {table_bytes / 2**30:.2f} GiB of tables, median of {args.rounds} rounds\n\n"
+                      "Machine: MemTotal - MemAvailable before the start and while serving; other processes "
+                      f"move it: by {drift:.0f} MiB in 10 s with no server running, just before. Server: "
+                      "private pages of the supervisor and every worker + the shared segments once.\n\n"
                       "| workers | machine before (MiB) | machine serving (MiB) | machine added (MiB) "
-                      "| per extra worker / tables | server private (MiB) | shared segments (MiB) "
-                      "| server own (MiB) | per extra worker / tables |\n|---|---|---|---|---|---|---|---|---|")
+                      "| min - max (MiB) | per extra worker / tables | server private (MiB) "
+                      "| shared segments (MiB) | server own (MiB) | per extra worker / tables |\n"
+                      "|---|---|---|---|---|---|---|---|---|---|")
 
             def ratio(value) -> str:
                 return "-" if value is None else f"{value:.3f}"
 
             for r in memory:
                 md.append(f"| {r['workers']} | {r['used_before_mib']:.0f} | {r['used_after_mib']:.0f} | "
-                          f"{r['added_mib']:.0f} | {ratio(r['per_extra_worker_over_tables_added'])} | "
-                          f"{r['private_mib']:.0f} | {r['shared_segments_mib']:.0f} | {r['own_mib']:.0f} | "
+                          f"{r['added_mib']:.0f} | {r['added_min_mib']:.0f} - {r['added_max_mib']:.0f} | "
+                          f"{ratio(r['per_extra_worker_over_tables_added'])} | {r['private_mib']:.0f} | "
+                          f"{r['shared_segments_mib']:.0f} | {r['own_mib']:.0f} | "
                           f"{ratio(r['per_extra_worker_over_tables_own'])} |")
             md.append("\nA worker's private memory does not grow with the tables (they are in the shared "
-                      "segment); it is the process itself: Python, ONNX Runtime, grpcio and TensorFlow, which "
-                      "the TF Serving protocol buffers (`tensorflow_serving.apis`) import.")
+                      "segment); it is the process itself: Python, ONNX Runtime, grpcio, numpy, FastAPI / "
+                      "uvicorn (TensorFlow is not imported by a server of `.onnx` models: TF Serving's messages come "
+                      "from `server/tfs_messages.py`).")
             md.append("")
         if not args.skip_throughput:
             small = work / "small"
@@ -188,6 +231,10 @@ def main() -> int:
             for r in load:
                 md.append(f"| {r['workers']} | {r['edge']} | {r['req_per_s']:.0f} | {r['p50_ms']:.2f} | "
                           f"{r['p99_ms']:.2f} | {r['errors']} |")
+    payload["machine"]["load_average_at_the_end"] = os.getloadavg()
+    md[0] = (f"# workers: N (issue 24)\n\n{os.cpu_count()} CPUs, load average at the start "
+             f"{', '.join(f'{x:.1f}' for x in payload['machine']['load_average'])}, at the end "
+             f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} (a shared machine moves these figures).\n")
     write_results("workers", payload, "\n".join(md), args.out_dir)
     return 0
 
