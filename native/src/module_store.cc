@@ -1,19 +1,22 @@
 // module_store.cc -- nanobind bindings of the embedding stores' native parts (row_store.h):
 //
 //   find_rows(keys_by_row, slots, queries, out)        HashIndex probe (slots int32 or int64)
-//   lookup_many([(keys_by_row, slots, identity_size, values, default, queries, out), ...]) -> misses
-//                                                      each table's index probe + row gather (values
+//   TableSet([(keys_by_row, slots, identity_size, values, default), ...])
+//     .lookup([queries, ...]) -> (rows, misses)        each table's index probe + row gather (values
 //                                                      float32, or float16 as its uint16 bits), one call
 //   RowCache(capacity, dim)                            the hot-row cache (CLOCK), thread-safe
-//   cache_lookup_many([(cache, keys, out, miss), ...]) -> misses   several caches' lookups, one call
+//   CacheSet([cache or None, ...], dims).lookup([queries, ...]) -> (rows, misses)   several caches, one call
 //
-// The caller (processor/features/native_rows.py) allocates every array; these functions fill
-// them with the GIL released and check only what keeps memory safe (shapes, sizes): the Python
+// The caller (processor/features/native_rows.py) allocates every array but TableSet's rows; these
+// functions fill them with the GIL released and check only what keeps memory safe (shapes, sizes): the Python
 // wrapper checks the rest. ValueError on a shape that does not fit.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -43,8 +46,8 @@ void find_rows(Vec<const int64_t> keys_by_row, Vec<const Slot> slots, Vec<const 
                              static_cast<int64_t>(queries.shape(0)), out.data());
 }
 
-// One table of lookup_many: its arrays' data, checked while the GIL is held.
-struct TableLookup {
+// One table of a TableSet: its arrays' data, taken while the GIL is held.
+struct TableArrays {
   const int64_t* keys_by_row = nullptr;
   int64_t nkeys = 0;
   const void* slots = nullptr;
@@ -56,76 +59,114 @@ struct TableLookup {
   int64_t stored = 0;
   int64_t dim = 0;
   const float* fallback = nullptr;
-  const int64_t* queries = nullptr;
-  int64_t n = 0;
-  float* out = nullptr;
 };
 
 // Arrays of any dtype (never converted: a converted copy would die before the lookup runs).
 using AnyVec = nb::ndarray<nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using AnyMat = nb::ndarray<nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using Keys = nb::ndarray<const int64_t, nb::c_contig, nb::device::cpu>;  // any shape
 
-TableLookup table_lookup(nb::handle item) {
+TableArrays table_arrays(nb::handle item) {
   nb::tuple t = nb::cast<nb::tuple>(item);
-  require(t.size() == 7, "lookup_many: each table is (keys_by_row, slots, identity_size, values, default, "
-                         "queries, out)");
-  TableLookup tl;
+  require(t.size() == 5, "TableSet: each table is (keys_by_row, slots, identity_size, values, default)");
+  TableArrays ta;
   Vec<const int64_t> keys = nb::cast<Vec<const int64_t>>(t[0], false);
-  tl.keys_by_row = keys.data();
-  tl.nkeys = static_cast<int64_t>(keys.shape(0));
+  ta.keys_by_row = keys.data();
+  ta.nkeys = static_cast<int64_t>(keys.shape(0));
   AnyVec slots = nb::cast<AnyVec>(t[1], false);
-  tl.slots64 = slots.dtype() == nb::dtype<int64_t>();
-  require(tl.slots64 || slots.dtype() == nb::dtype<int32_t>(), "lookup_many: slots must be int32 or int64");
-  tl.slots = slots.data();
-  tl.nslots = static_cast<int64_t>(slots.shape(0));
-  tl.identity_size = nb::cast<int64_t>(t[2]);
+  ta.slots64 = slots.dtype() == nb::dtype<int64_t>();
+  require(ta.slots64 || slots.dtype() == nb::dtype<int32_t>(), "TableSet: slots must be int32 or int64");
+  ta.slots = slots.data();
+  ta.nslots = static_cast<int64_t>(slots.shape(0));
+  ta.identity_size = nb::cast<int64_t>(t[2]);
   AnyMat values = nb::cast<AnyMat>(t[3], false);
-  tl.half = values.dtype() == nb::dtype<uint16_t>();
-  require(tl.half || values.dtype() == nb::dtype<float>(), "lookup_many: values must be float32 or float16 bits");
-  tl.values = values.data();
-  tl.stored = static_cast<int64_t>(values.shape(0));
-  tl.dim = static_cast<int64_t>(values.shape(1));
+  ta.half = values.dtype() == nb::dtype<uint16_t>();
+  require(ta.half || values.dtype() == nb::dtype<float>(), "TableSet: values must be float32 or float16 bits");
+  ta.values = values.data();
+  ta.stored = static_cast<int64_t>(values.shape(0));
+  ta.dim = static_cast<int64_t>(values.shape(1));
   Vec<const float> fallback = nb::cast<Vec<const float>>(t[4], false);
-  Vec<const int64_t> queries = nb::cast<Vec<const int64_t>>(t[5], false);
-  Mat<float> out = nb::cast<Mat<float>>(t[6], false);
-  require(out.shape(0) == queries.shape(0) && static_cast<int64_t>(out.shape(1)) == tl.dim,
-          "lookup_many: out must be [len(queries), dim]");
-  require(static_cast<int64_t>(fallback.shape(0)) == tl.dim, "lookup_many: the default vector must have dim values");
-  tl.fallback = fallback.data();
-  tl.queries = queries.data();
-  tl.n = static_cast<int64_t>(queries.shape(0));
-  tl.out = out.data();
-  return tl;
+  require(static_cast<int64_t>(fallback.shape(0)) == ta.dim, "TableSet: the default vector must have dim values");
+  ta.fallback = fallback.data();
+  return ta;
 }
 
-// Several tables' lookups (probe + gather) in one call, the GIL released once: the arrays stay referenced by
-// `tables` (the caller's list) for the whole call. Returns each table's misses.
-std::vector<int64_t> lookup_many(nb::list tables) {
-  std::vector<TableLookup> work;
-  work.reserve(tables.size());
-  for (nb::handle item : tables) work.push_back(table_lookup(item));
-  std::vector<int64_t> misses(work.size());
-  nb::gil_scoped_release nogil;
-  std::vector<int64_t> rows;
-  for (size_t i = 0; i < work.size(); ++i) {
-    const TableLookup& t = work[i];
-    rows.resize(static_cast<size_t>(t.n));
-    if (t.identity_size >= 0) {
-      sp::store::find_identity(t.identity_size, t.queries, t.n, rows.data());
-    } else if (t.slots64) {
-      sp::store::find_rows<int64_t>(t.keys_by_row, t.nkeys, static_cast<const int64_t*>(t.slots), t.nslots,
-                                    t.queries, t.n, rows.data());
-    } else {
-      sp::store::find_rows<int32_t>(t.keys_by_row, t.nkeys, static_cast<const int32_t*>(t.slots), t.nslots,
-                                    t.queries, t.n, rows.data());
-    }
-    misses[i] = t.half ? sp::store::gather_rows<uint16_t>(static_cast<const uint16_t*>(t.values), t.stored, t.dim,
-                                                         rows.data(), t.n, t.fallback, t.out)
-                       : sp::store::gather_rows<float>(static_cast<const float*>(t.values), t.stored, t.dim,
-                                                      rows.data(), t.n, t.fallback, t.out);
+// One table's probe + gather of n queries into out ([n, dim] float32); returns the misses.
+int64_t lookup_table(const TableArrays& t, const int64_t* queries, int64_t n, std::vector<int64_t>& rows,
+                     float* out) {
+  rows.resize(static_cast<size_t>(n));
+  if (t.identity_size >= 0) {
+    sp::store::find_identity(t.identity_size, queries, n, rows.data());
+  } else if (t.slots64) {
+    sp::store::find_rows<int64_t>(t.keys_by_row, t.nkeys, static_cast<const int64_t*>(t.slots), t.nslots, queries,
+                                  n, rows.data());
+  } else {
+    sp::store::find_rows<int32_t>(t.keys_by_row, t.nkeys, static_cast<const int32_t*>(t.slots), t.nslots, queries,
+                                  n, rows.data());
   }
-  return misses;
+  return t.half ? sp::store::gather_rows<uint16_t>(static_cast<const uint16_t*>(t.values), t.stored, t.dim,
+                                                  rows.data(), n, t.fallback, out)
+                : sp::store::gather_rows<float>(static_cast<const float*>(t.values), t.stored, t.dim, rows.data(), n,
+                                               t.fallback, out);
 }
+
+constexpr int64_t kAlignFloats = 16;  // 64 bytes: TensorFlow feeds such arrays without a copy
+
+// An uninitialised buffer of `floats` floats on 64 bytes (std::free it); throws bad_alloc.
+float* aligned_floats(int64_t floats) {
+  const size_t bytes = static_cast<size_t>(std::max<int64_t>(floats, kAlignFloats)) * sizeof(float);
+  void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  if (p == nullptr) throw std::bad_alloc();
+  return static_cast<float*>(p);
+}
+
+// A version's DRAM tables, their arrays' addresses taken once: a request's lookup passes only its
+// keys. Holds references to the arrays, so it never reads freed memory; a table whose arrays are
+// replaced (an upsert that grows them) needs a new TableSet to be seen. Immutable: thread-safe.
+class TableSet {
+ public:
+  explicit TableSet(nb::list tables) : keep_(tables) {
+    tables_.reserve(tables.size());
+    for (nb::handle item : tables) tables_.push_back(table_arrays(item));
+  }
+
+  // (rows, misses): per table i, float32 [len(queries[i]), dim] (the queries of any shape, read
+  // flat), all of them views of one 64-byte-aligned buffer, each block starting on 64 bytes; and
+  // how many took the default vector. The GIL is released once for all tables.
+  nb::tuple lookup(nb::list queries) const {
+    require(queries.size() == tables_.size(), "TableSet.lookup: one key array per table");
+    std::vector<Keys> keys;  // referenced by `queries` for the whole call
+    std::vector<int64_t> offsets(tables_.size() + 1, 0);
+    keys.reserve(tables_.size());
+    for (size_t i = 0; i < tables_.size(); ++i) {
+      keys.push_back(nb::cast<Keys>(queries[i], false));
+      const int64_t floats = static_cast<int64_t>(keys[i].size()) * tables_[i].dim;
+      offsets[i + 1] = offsets[i] + (floats + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+    }
+    float* buffer = aligned_floats(offsets.back());
+    nb::capsule owner(buffer, [](void* p) noexcept { std::free(p); });
+    std::vector<int64_t> misses(tables_.size());
+    {
+      nb::gil_scoped_release nogil;
+      std::vector<int64_t> rows;
+      for (size_t i = 0; i < tables_.size(); ++i)
+        misses[i] = lookup_table(tables_[i], keys[i].data(), static_cast<int64_t>(keys[i].size()), rows,
+                                 buffer + offsets[i]);
+    }
+    nb::list out;
+    for (size_t i = 0; i < tables_.size(); ++i) {
+      size_t shape[2] = {keys[i].size(), static_cast<size_t>(tables_[i].dim)};
+      out.append(nb::ndarray<nb::numpy, float, nb::ndim<2>>(buffer + offsets[i], 2, shape, owner).cast());
+    }
+    return nb::make_tuple(out, nb::cast(misses));
+  }
+
+  size_t size() const { return tables_.size(); }
+
+ private:
+  std::vector<TableArrays> tables_;
+  nb::list keep_;
+};
 
 template <class Slot>
 void bind_slot_type(nb::module_& m) {
@@ -139,35 +180,66 @@ void check_rows(const RowCache& c, const Vec<const int64_t>& keys, size_t rows, 
   require(rows == keys.shape(0) && static_cast<int64_t>(dim) == c.dim(), what);
 }
 
-// Several caches' lookups in one call, the GIL released once: each item (cache, keys, out,
-// miss) as RowCache.lookup takes them (the arrays stay referenced by the caller's list).
-std::vector<int64_t> cache_lookup_many(nb::list items) {
-  struct Work {
-    RowCache* cache;
-    const int64_t* keys;
-    int64_t n;
-    float* out;
-    int64_t* miss;
-  };
-  std::vector<Work> work;
-  work.reserve(items.size());
-  for (nb::handle item : items) {
-    nb::tuple t = nb::cast<nb::tuple>(item);
-    require(t.size() == 4, "cache_lookup_many: each item is (cache, keys, out, miss)");
-    RowCache& c = nb::cast<RowCache&>(t[0]);
-    Vec<const int64_t> keys = nb::cast<Vec<const int64_t>>(t[1], false);
-    Mat<float> out = nb::cast<Mat<float>>(t[2], false);
-    Vec<int64_t> miss = nb::cast<Vec<int64_t>>(t[3], false);
-    check_rows(c, keys, out.shape(0), out.shape(1), "cache_lookup_many: out must be [len(keys), dim]");
-    require(miss.shape(0) >= keys.shape(0), "cache_lookup_many: miss must hold len(keys) positions");
-    work.push_back({&c, keys.data(), static_cast<int64_t>(keys.shape(0)), out.data(), miss.data()});
+// A request's tables' hot-row caches (None: a table without one, every id a miss), looked up in
+// one call. Holds references to the caches. Immutable (the caches lock themselves): thread-safe.
+class CacheSet {
+ public:
+  CacheSet(nb::list caches, std::vector<int64_t> dims) : keep_(caches), dims_(std::move(dims)) {
+    require(caches.size() == dims_.size(), "CacheSet: one dim per cache");
+    for (size_t i = 0; i < caches.size(); ++i) {
+      RowCache* c = caches[i].is_none() ? nullptr : &nb::cast<RowCache&>(caches[i]);
+      require(dims_[i] >= 1 && (c == nullptr || c->dim() == dims_[i]), "CacheSet: a cache's dim differs");
+      caches_.push_back(c);
+    }
   }
-  std::vector<int64_t> misses(work.size());
-  nb::gil_scoped_release nogil;
-  for (size_t i = 0; i < work.size(); ++i)
-    misses[i] = work[i].cache->lookup(work[i].keys, work[i].n, work[i].out, work[i].miss);
-  return misses;
-}
+
+  // (rows, misses): per table, float32 [len(queries[i]), dim] holding the cached rows (the others'
+  // rows left for the caller to write), views of one 64-byte-aligned buffer; and the positions of
+  // the ids not cached, int64. Queries int64, C-contiguous, any shape (read flat).
+  nb::tuple lookup(nb::list queries) const {
+    require(queries.size() == caches_.size(), "CacheSet.lookup: one key array per cache");
+    std::vector<Keys> keys;  // referenced by `queries` for the whole call
+    std::vector<int64_t> offsets(caches_.size() + 1, 0), miss_offsets(caches_.size() + 1, 0);
+    keys.reserve(caches_.size());
+    for (size_t i = 0; i < caches_.size(); ++i) {
+      keys.push_back(nb::cast<Keys>(queries[i], false));
+      const int64_t n = static_cast<int64_t>(keys[i].size());
+      offsets[i + 1] = offsets[i] + (n * dims_[i] + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+      miss_offsets[i + 1] = miss_offsets[i] + n;
+    }
+    float* rows = aligned_floats(offsets.back());
+    nb::capsule rows_owner(rows, [](void* p) noexcept { std::free(p); });
+    int64_t* miss = new int64_t[static_cast<size_t>(std::max<int64_t>(miss_offsets.back(), 1))];
+    nb::capsule miss_owner(miss, [](void* p) noexcept { delete[] static_cast<int64_t*>(p); });
+    std::vector<int64_t> counts(caches_.size());
+    {
+      nb::gil_scoped_release nogil;
+      for (size_t i = 0; i < caches_.size(); ++i) {
+        const int64_t n = static_cast<int64_t>(keys[i].size());
+        int64_t* m = miss + miss_offsets[i];
+        if (caches_[i] != nullptr) {
+          counts[i] = caches_[i]->lookup(keys[i].data(), n, rows + offsets[i], m);
+        } else {
+          for (int64_t j = 0; j < n; ++j) m[j] = j;
+          counts[i] = n;
+        }
+      }
+    }
+    nb::list out_rows, out_miss;
+    for (size_t i = 0; i < caches_.size(); ++i) {
+      size_t shape[2] = {keys[i].size(), static_cast<size_t>(dims_[i])};
+      out_rows.append(nb::ndarray<nb::numpy, float, nb::ndim<2>>(rows + offsets[i], 2, shape, rows_owner).cast());
+      size_t mshape[1] = {static_cast<size_t>(counts[i])};
+      out_miss.append(nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>(miss + miss_offsets[i], 1, mshape, miss_owner).cast());
+    }
+    return nb::make_tuple(out_rows, out_miss);
+  }
+
+ private:
+  nb::list keep_;
+  std::vector<int64_t> dims_;
+  std::vector<RowCache*> caches_;
+};
 
 }  // namespace
 
@@ -176,8 +248,13 @@ namespace sp::py {
 void bind_store(nb::module_& m) {
   bind_slot_type<int32_t>(m);
   bind_slot_type<int64_t>(m);
-  m.def("lookup_many", &lookup_many, nb::arg("tables"));
-  m.def("cache_lookup_many", &cache_lookup_many, nb::arg("items"));
+  nb::class_<TableSet>(m, "TableSet")
+      .def(nb::init<nb::list>(), nb::arg("tables"))
+      .def("lookup", &TableSet::lookup, nb::arg("queries"))
+      .def("__len__", &TableSet::size);
+  nb::class_<CacheSet>(m, "CacheSet")
+      .def(nb::init<nb::list, std::vector<int64_t>>(), nb::arg("caches"), nb::arg("dims"))
+      .def("lookup", &CacheSet::lookup, nb::arg("queries"));
   nb::class_<RowCache>(m, "RowCache")
       .def("__init__",
            [](RowCache* self, int64_t capacity, int64_t dim) {

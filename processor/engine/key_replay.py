@@ -32,7 +32,9 @@ def _unpack(op) -> Callable[[np.ndarray], tuple[np.ndarray, ...]]:
     def run(x):
         if x.shape[axis] != num:
             raise ValueError(f"{op.name}: dimension {axis} of {list(x.shape)} is not {num}")
-        return tuple(np.take(x, i, axis=axis) for i in range(num))
+        # one copy with the axis first; its rows are the outputs, each contiguous (what the
+        # store's lookup reads without another copy)
+        return tuple(np.ascontiguousarray(np.moveaxis(x, axis, 0)))
 
     return run
 

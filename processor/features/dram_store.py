@@ -166,23 +166,26 @@ class LocalVersionTables:
         self.filtered: dict[str, int] = {}
         # DRAM tables only (not the SSD tier's): their lookups may go native all at once
         self._in_memory = all(type(t) is DramTable for t in tables.values())
+        self._sets: dict[tuple[str, ...], Any] = {}  # native TableSets by table names (see _native_set)
 
     def load(self, source, chunk_rows: int = 65536) -> None:
         self.progress = LoadProgress(f"{self.kind} store, version {self.version}", source.row_count(self.specs))
         for name, chunk in source.rows(self.specs, chunk_rows):
             self.tables[name].upsert(chunk)
             self.progress.add(len(chunk))
+        self._sets = {}
         self.progress.finish()
 
     def lookup(self, requests: Sequence[tuple[str, np.ndarray]]) -> list[np.ndarray]:
         started = time.perf_counter()
         tables = self.tables
-        if self._in_memory and native_rows.AVAILABLE:  # every table in one native call
-            asked = [(tables[name], np.ascontiguousarray(keys, np.int64).reshape(-1)) for name, keys in requests]
-            found = native_rows.lookup_many(asked)
-            for (table, keys), (_, misses) in zip(asked, found):
-                table.stats.add(len(keys), misses)
-            counted = [(rows, misses, 0, 0) for rows, misses in found]
+        native = self._native_set(tuple(name for name, _ in requests)) if self._in_memory else None
+        if native is not None:  # every table in one native call, their arrays taken once per version
+            found, misses = native.lookup([np.ascontiguousarray(keys, np.int64) for _, keys in requests])
+            counted = []
+            for (name, _), rows, missed in zip(requests, found, misses):
+                tables[name].stats.add(len(rows), missed)
+                counted.append((rows, missed, 0, 0))
         else:
             counted = [tables[name].lookup_counted(keys) for name, keys in requests]
         if self.metrics is not None:
@@ -190,12 +193,23 @@ class LocalVersionTables:
                                 [(name, len(c[0]), *c[1:]) for (name, _), c in zip(requests, counted)], self.tier)
         return [c[0] for c in counted]
 
+    def _native_set(self, names: tuple[str, ...]):
+        """The native TableSet of ``names`` (built once per list of names; None without the
+        extension). Upserts drop them: they may replace the tables' arrays."""
+        if not native_rows.AVAILABLE:
+            return None
+        found = self._sets.get(names)
+        if found is None:
+            found = self._sets[names] = native_rows.table_set([self.tables[n] for n in names])
+        return found
+
     def stage_delta(self, rows: dict[str, RowChunk], step: int, source=None) -> None:
         return None  # rows live in this process: written by apply_delta, behind the update gate
 
     def apply_delta(self, rows: dict[str, RowChunk], step: int) -> None:
         for name, chunk in rows.items():
             self.tables[name].upsert(chunk)
+        self._sets = {}  # the upserts may have replaced the tables' arrays
 
     def describe(self) -> dict[str, Any]:
         tables = {}

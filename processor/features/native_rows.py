@@ -5,7 +5,8 @@
   over the table's own arrays. The Python code (``HashIndex.find`` and the numpy gather in
   :meth:`~.dram_store.DramTable.lookup_reference`) stays the reference it is tested against
   (``tests/unit/features/test_native_rows.py``) and the fallback when the extension is not built.
-* :func:`lookup_many`: the same for several tables in one call (a request's lookups).
+* :func:`table_set`: the same for a version's tables at once (a request's lookups), their arrays
+  taken once; :func:`lookup_many` for a one-off list.
 * :func:`row_cache`: a native ``RowCache`` (CLOCK, thread-safe), or None when not built.
 
 ``AVAILABLE`` says whether the extension is there.
@@ -20,35 +21,39 @@ import numpy as np
 
 from ..native import MODULE
 
-AVAILABLE = MODULE is not None and hasattr(MODULE, "lookup_many")
+AVAILABLE = MODULE is not None and hasattr(MODULE, "TableSet")
 
 
 def lookup_rows(index, values: np.ndarray, default: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, int]:
     """(float32 ``[len(keys), dim]``: each key's row of ``values`` through ``index``, ``default``
     where absent; the number absent). ``keys`` int64, contiguous. Needs ``AVAILABLE``."""
-    out = np.empty((len(keys), values.shape[1]), np.float32)
-    (misses,) = MODULE.lookup_many([_lookup_args(index, values, default, keys, out)])
-    return out, misses
+    rows, misses = MODULE.TableSet([_table_args(index, values, default)]).lookup([keys])
+    return rows[0], misses[0]
+
+
+def table_set(tables: Sequence[Any]):
+    """The native ``TableSet`` of :class:`~.dram_store.DramTable` s: ``.lookup([keys, ...])``
+    gives (per table, float32 ``[keys.size, dim]`` rows, all views of one 64-byte-aligned buffer;
+    per table, the number absent) in one call without the GIL. Keys int64, C-contiguous, any
+    shape (read flat). It holds the tables' arrays as they are now: build a new one after an
+    upsert. Thread-safe. Needs ``AVAILABLE``."""
+    return MODULE.TableSet([_table_args(t.index, t.values, t.default) for t in tables])
 
 
 def lookup_many(tables: Sequence[tuple[Any, np.ndarray]]) -> list[tuple[np.ndarray, int]]:
     """:func:`lookup_rows` of several ``(DramTable, keys)`` in one native call (the GIL released
     once): per table, (its rows, the number absent). Needs ``AVAILABLE``."""
-    work, outs = [], []
-    for table, keys in tables:
-        out = np.empty((len(keys), table.values.shape[1]), np.float32)
-        work.append(_lookup_args(table.index, table.values, table.default, keys, out))
-        outs.append(out)
-    return list(zip(outs, MODULE.lookup_many(work)))
+    rows, misses = table_set([t for t, _ in tables]).lookup([k for _, k in tables])
+    return list(zip(rows, misses))
 
 
-def _lookup_args(index, values: np.ndarray, default: np.ndarray, keys: np.ndarray, out: np.ndarray) -> tuple:
-    """One table's item of the native ``lookup_many``: float16 rows as their bits, an index in
-    identity mode as its size."""
+def _table_args(index, values: np.ndarray, default: np.ndarray) -> tuple:
+    """One table of the native ``TableSet``: float16 rows as their bits, an index in identity
+    mode as its size."""
     stored = values.view(np.uint16) if values.dtype == np.float16 else values
     if index.identity:
-        return _NO_KEYS, _NO_SLOTS, index.size, stored, default, keys, out
-    return index._keys, index._slots, -1, stored, default, keys, out
+        return _NO_KEYS, _NO_SLOTS, index.size, stored, default
+    return index._keys, index._slots, -1, stored, default
 
 
 def find_rows(index, keys: np.ndarray) -> np.ndarray:

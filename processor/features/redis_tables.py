@@ -67,8 +67,11 @@ class RedisVersionTables:
         parts, wanted = [], []
         flats = [(name, np.ascontiguousarray(keys, np.int64).reshape(-1)) for name, keys in requests]
         if cache is not None:  # the cache first (one native call), on the ids as they come: no sort when all hit
-            outs = [np.empty((flat.size, self.specs[name].dim), np.float32) for name, flat in flats]
-            misses = cache.lookup_many([(name, flat, out) for (name, flat), out in zip(flats, outs)])
+            outs, misses = cache.lookup_many(tuple(name for name, _ in requests), [flat for _, flat in flats])
+            if not any(len(m) for m in misses):  # every id cached: nothing to fetch, no default served
+                counts = [(name, flat.size, 0, flat.size, 0) for name, flat in flats]
+                self._count(counts, started, "redis_cache")
+                return outs
         for k, (name, flat) in enumerate(flats):
             if cache is not None:
                 rows, miss = outs[k], misses[k]
@@ -81,7 +84,6 @@ class RedisVersionTables:
         fetched = self._fetch(wanted)
         pinned = self._pinned
         out, counts = [], []
-        hits_total = misses_total = 0
         for (name, size, rows, miss, inverse), (_, ids), (got, present) in zip(parts, wanted, fetched):
             if len(ids):
                 if pinned is not None and name in pinned:
@@ -95,16 +97,17 @@ class RedisVersionTables:
                 rows = got
             defaults = int(np.count_nonzero(~present[inverse])) if not present.all() else 0
             out.append(rows)
-            misses = len(miss) if cache is not None else 0
-            hits = size - misses if cache is not None else 0
-            hits_total += hits
-            misses_total += misses
-            counts.append((name, size, defaults, hits, misses))
-        self.stats.add(sum(c[1] for c in counts), sum(c[2] for c in counts))
-        self.stats.extra["cache_hits"] += hits_total
-        self.stats.extra["cache_misses"] += misses_total
-        self.store.metrics.record(time.perf_counter() - started, counts, "redis_cache" if cache is not None else "")
+            missed = len(miss) if cache is not None else 0
+            counts.append((name, size, defaults, size - missed if cache is not None else 0, missed))
+        self._count(counts, started, "redis_cache" if cache is not None else "")
         return out
+
+    def _count(self, counts: list[tuple[str, int, int, int, int]], started: float, tier: str) -> None:
+        """A lookup's counters: per table (name, ids, default vectors, cache hits, cache misses)."""
+        self.stats.add(sum(c[1] for c in counts), sum(c[2] for c in counts))
+        self.stats.extra["cache_hits"] += sum(c[3] for c in counts)
+        self.stats.extra["cache_misses"] += sum(c[4] for c in counts)
+        self.store.metrics.record(time.perf_counter() - started, counts, tier)
 
     def _fetch(self, wanted: Sequence[tuple[str, np.ndarray]]) -> list[tuple[np.ndarray, np.ndarray]]:
         """For each (table, distinct ids): (float32 rows, the default vector where absent; present

@@ -43,6 +43,8 @@ class HotRowCache:
     def __init__(self, specs: dict[str, TableSpec], budget: int) -> None:
         self.budget = int(budget)
         self._caches: dict[str, Any] = {}
+        self._dims = {name: spec.dim for name, spec in specs.items()}
+        self._sets: dict[tuple[str, ...], Any] = {}  # native CacheSets by table names (see lookup_many)
         left = self.budget
         by_size = sorted(specs.items(), key=lambda item: max(item[1].rows, 1) * item[1].dim)
         for i, (name, spec) in enumerate(by_size):
@@ -66,19 +68,16 @@ class HotRowCache:
             return "off: processor._native is not built (scripts/build_native.sh)"
         return None
 
-    def lookup_many(self, requests: Sequence[tuple[str, np.ndarray, np.ndarray]]) -> list[np.ndarray]:
-        """For each ``(table, ids, out)``: fill ``out[i]`` for the cached ``ids[i]`` and return
-        the positions of the others; all tables in one native call (the GIL released once)."""
-        items, misses = [], []
-        for table, ids, out in requests:
-            cache = self._caches.get(table)
-            miss = np.arange(len(ids)) if cache is None else np.empty(len(ids), np.int64)
-            if cache is not None:
-                items.append((cache, ids, out, miss))
-            misses.append(miss)
-        counts = iter(native_rows.MODULE.cache_lookup_many(items))
-        return [miss if self._caches.get(table) is None else miss[:next(counts)]
-                for (table, _, _), miss in zip(requests, misses)]
+    def lookup_many(self, tables: tuple[str, ...], ids: Sequence[np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """(rows, misses) of ``ids[i]`` (int64, C-contiguous) in ``tables[i]``'s cache, all tables
+        in one native call (the GIL released once): float32 ``[ids.size, dim]`` holding the cached
+        ids' rows (the other rows are for the caller to write), and the positions of the ids not
+        cached (all of them for a table without a cache)."""
+        found = self._sets.get(tables)
+        if found is None:
+            found = self._sets[tables] = native_rows.MODULE.CacheSet(
+                [self._caches.get(t) for t in tables], [self._dims[t] for t in tables])
+        return found.lookup(list(ids))
 
     def insert(self, table: str, ids: np.ndarray, rows: np.ndarray) -> None:
         cache = self._caches.get(table)

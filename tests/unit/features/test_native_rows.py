@@ -157,16 +157,16 @@ def test_float16_storage_measures_its_cost_and_refuses_overflow():
 
 
 def test_hot_row_cache_looks_several_tables_up_in_one_call():
-    specs = {"a": TableSpec("a", 3, "raw", 100), "b": TableSpec("b", 2, "raw", 50)}
+    specs = {"a": TableSpec("a", 3, "raw", 100), "b": TableSpec("b", 2, "raw", 50),
+             "uncached": TableSpec("uncached", 300_000, "raw", 10)}  # a row is over the budget: no cache
     cache = HotRowCache(specs, 1 << 20)
     rows_a = np.arange(30, dtype=np.float32).reshape(10, 3)
     cache.insert("a", np.arange(10, dtype=np.int64), rows_a)
     cache.insert("b", np.array([7], np.int64), np.array([[1.5, 2.5]], np.float32))
     ids_a = np.array([3, 42, 3, 9, -1], np.int64)  # repeats and unknown ids
     ids_b = np.array([8, 7], np.int64)
-    out_a, out_b = np.zeros((5, 3), np.float32), np.zeros((2, 2), np.float32)
-    miss_a, miss_b, miss_c = cache.lookup_many([("a", ids_a, out_a), ("b", ids_b, out_b),
-                                                ("uncached", ids_b, np.zeros((2, 1), np.float32))])
+    (out_a, out_b, _), (miss_a, miss_b, miss_c) = cache.lookup_many(("a", "b", "uncached"), [ids_a, ids_b, ids_b])
     assert miss_a.tolist() == [1, 4] and miss_b.tolist() == [0] and miss_c.tolist() == [0, 1]
+    assert out_a.shape == (5, 3) and out_b.shape == (2, 2)
     np.testing.assert_array_equal(out_a[[0, 2, 3]], rows_a[[3, 3, 9]])
     np.testing.assert_array_equal(out_b[1], [1.5, 2.5])
