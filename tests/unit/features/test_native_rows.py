@@ -1,4 +1,4 @@
-"""The native store parts (processor._native: find_rows, lookup_rows, lookup_many, RowCache) against the Python
+"""The native store parts (processor._native: find_rows, TableSet, CacheSet, RowCache) against the Python
 reference: HashIndex.find, DramTable.lookup_reference and a dict; float16 storage and its limits."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 
 from processor.errors import ConfigError
 from processor.features import native_rows
-from processor.features.dram_store import DramTable
+from processor.features.dram_store import DramTable, LocalVersionTables
 from processor.features.hash_index import HashIndex
 from processor.features.row_cache import HotRowCache
 from processor.features.rows import Narrowing, RowChunk, TableSpec, to_storage
@@ -79,6 +79,35 @@ def test_lookup_many_equals_each_tables_reference():
         want, want_misses = table.lookup_reference(q)
         assert rows.dtype == np.float32 and misses == want_misses
         np.testing.assert_array_equal(rows, want)
+
+
+def test_a_table_sets_rows_are_aligned_views_for_keys_of_any_shape():
+    """TensorFlow feeds 64-byte-aligned arrays without a copy: every table's block starts on 64
+    bytes, whatever the sizes before it; 2-D keys are read flat."""
+    tables = []
+    for i, dim in enumerate((3, 16, 5)):
+        table = DramTable(TableSpec(f"t{i}", dim, "row", 10), 10)
+        table.upsert(RowChunk(np.arange(10, dtype=np.int64), np.full((10, dim), float(i), np.float32)))
+        tables.append(table)
+    keys = [np.array([[1, 2, 3], [4, 5, 99]], np.int64), np.arange(7, dtype=np.int64), np.array([0], np.int64)]
+    rows, misses = native_rows.table_set(tables).lookup(keys)
+    assert [r.shape for r in rows] == [(6, 3), (7, 16), (1, 5)] and list(misses) == [1, 0, 0]
+    assert all(r.ctypes.data % 64 == 0 for r in rows)
+    for table, q, got in zip(tables, keys, rows):
+        np.testing.assert_array_equal(got, table.lookup_reference(q.reshape(-1))[0])
+
+
+def test_version_tables_see_a_delta_that_grows_a_table():
+    """The version's cached TableSet holds the arrays it was built from: a delta adding keys (the
+    values array grows, the index leaves identity mode) must be seen by the next lookup."""
+    spec = TableSpec("t", 4, "raw", 4)
+    table = DramTable(spec, 4)
+    table.upsert(RowChunk(np.arange(4, dtype=np.int64), np.ones((4, 4), np.float32)))
+    tables = LocalVersionTables("dram", "v1", {"t": spec}, {"t": table})
+    assert tables.lookup([("t", np.array([3, 1000], np.int64))])[0][:, 0].tolist() == [1.0, 0.0]
+    tables.apply_delta({"t": RowChunk(np.arange(1000, 1100, dtype=np.int64), np.full((100, 4), 7.0, np.float32))}, 1)
+    assert not table.index.identity and len(table.values) >= 104
+    assert tables.lookup([("t", np.array([3, 1000], np.int64))])[0][:, 0].tolist() == [1.0, 7.0]
 
 
 def test_an_empty_table_serves_the_default_vector():
