@@ -58,12 +58,19 @@ void find_rows(const int64_t* keys_by_row, int64_t nkeys, const Slot* slots, int
     return;
   }
   const uint64_t count = static_cast<uint64_t>(nslots);
-  constexpr int64_t kAhead = 8;  // prefetch the home slot this many keys ahead
+  // Two dependent cache misses per key (its slot, then the key stored for that slot's row): the
+  // slot is prefetched 2 * kAhead keys ahead, and kAhead keys ahead (the slot cached by then) the
+  // stored key it names, so both misses overlap with other keys' work.
+  constexpr int64_t kAhead = 8;
   auto home = [count](int64_t key) {
     return static_cast<uint64_t>(((mix64(static_cast<uint64_t>(key)) >> 32) * count) >> 32);
   };
   for (int64_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) __builtin_prefetch(&slots[home(queries[i + kAhead])]);
+    if (i + 2 * kAhead < n) __builtin_prefetch(&slots[home(queries[i + 2 * kAhead])]);
+    if (i + kAhead < n) {
+      const int64_t s = static_cast<int64_t>(slots[home(queries[i + kAhead])]);
+      if (s >= 0 && s < nkeys) __builtin_prefetch(&keys_by_row[s]);
+    }
     const int64_t key = queries[i];
     uint64_t pos = home(key);
     int64_t row = -1;
