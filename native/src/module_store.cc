@@ -130,8 +130,8 @@ class TableSet {
     for (nb::handle item : tables) tables_.push_back(table_arrays(item));
   }
 
-  // (rows, misses): per table i, float32 [len(queries[i]), dim] (the queries of any shape, read
-  // flat), all of them views of one 64-byte-aligned buffer, each block starting on 64 bytes; and
+  // (rows, misses): per table i, float32 queries[i].shape + [dim] (the queries of any shape),
+  // all of them views of one 64-byte-aligned buffer, each block starting on 64 bytes; and
   // how many took the default vector. The GIL is released once for all tables.
   nb::tuple lookup(nb::list queries) const {
     require(queries.size() == tables_.size(), "TableSet.lookup: one key array per table");
@@ -154,9 +154,11 @@ class TableSet {
                                  buffer + offsets[i]);
     }
     nb::list out;
+    std::vector<size_t> shape;
     for (size_t i = 0; i < tables_.size(); ++i) {
-      size_t shape[2] = {keys[i].size(), static_cast<size_t>(tables_[i].dim)};
-      out.append(nb::ndarray<nb::numpy, float, nb::ndim<2>>(buffer + offsets[i], 2, shape, owner).cast());
+      shape.assign(keys[i].shape_ptr(), keys[i].shape_ptr() + keys[i].ndim());
+      shape.push_back(static_cast<size_t>(tables_[i].dim));
+      out.append(nb::ndarray<nb::numpy, float>(buffer + offsets[i], shape.size(), shape.data(), owner).cast());
     }
     return nb::make_tuple(out, nb::cast(misses));
   }

@@ -269,10 +269,8 @@ class EmbeddingService:
         def run(*feeds, options=None, run_metadata=None):
             given = [feeds[i] for i in first]
             keys = phase1(*given) if fixed else phase1(*given, options=options)
-            requests = [(lk.table, np.asarray(keys[i]).reshape(-1).astype(np.int64, copy=False))
-                        for lk, i in zip(lookups, key_index)]
-            rows = tables.lookup(requests)
-            gathered = [r.reshape(np.shape(keys[i]) + (lk.dim,)) for r, lk, i in zip(rows, lookups, key_index)]
+            # rows come in the keys' shape + [dim]: the gathers' outputs, fed as they are
+            gathered = tables.lookup([(lk.table, keys[i]) for lk, i in zip(lookups, key_index)])
             given = [feeds[i] for i in second]
             if fixed:
                 return phase2(*given, *gathered)

@@ -181,16 +181,20 @@ class LocalVersionTables:
         tables = self.tables
         native = self._native_set(tuple(name for name, _ in requests)) if self._in_memory else None
         if native is not None:  # every table in one native call, their arrays taken once per version
-            found, misses = native.lookup([np.ascontiguousarray(keys, np.int64) for _, keys in requests])
+            asked = [np.ascontiguousarray(keys, np.int64) for _, keys in requests]
+            found, misses = native.lookup(asked)
             counted = []
-            for (name, _), rows, missed in zip(requests, found, misses):
-                tables[name].stats.add(len(rows), missed)
-                counted.append((rows, missed, 0, 0))
+            for (name, _), keys, rows, missed in zip(requests, asked, found, misses):
+                tables[name].stats.add(keys.size, missed)
+                counted.append((rows, keys.size, missed, 0, 0))
         else:
-            counted = [tables[name].lookup_counted(keys) for name, keys in requests]
+            counted = []
+            for name, keys in requests:
+                rows, *counts = tables[name].lookup_counted(np.ascontiguousarray(keys, np.int64).reshape(-1))
+                counted.append((rows.reshape(np.shape(keys) + rows.shape[1:]), len(rows), *counts))
         if self.metrics is not None:
             self.metrics.record(time.perf_counter() - started,
-                                [(name, len(c[0]), *c[1:]) for (name, _), c in zip(requests, counted)], self.tier)
+                                [(name, *c[1:]) for (name, _), c in zip(requests, counted)], self.tier)
         return [c[0] for c in counted]
 
     def _native_set(self, names: tuple[str, ...]):

@@ -49,7 +49,8 @@ class VersionTables(Protocol):
     specs: dict[str, TableSpec]
 
     def lookup(self, requests: Sequence[tuple[str, np.ndarray]]) -> list[np.ndarray]:
-        """Rows for each (table, int64 keys [n]) request: float32 [n, dim] each."""
+        """Rows for each (table, int64 keys) request: float32 ``keys.shape + [dim]`` each (keys
+        of any shape: a request's key tensors as the graph computes them)."""
         ...
 
     def stage_delta(self, rows: dict[str, RowChunk], step: int, source: TableSource | None) -> None:

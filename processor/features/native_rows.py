@@ -33,9 +33,9 @@ def lookup_rows(index, values: np.ndarray, default: np.ndarray, keys: np.ndarray
 
 def table_set(tables: Sequence[Any]):
     """The native ``TableSet`` of :class:`~.dram_store.DramTable` s: ``.lookup([keys, ...])``
-    gives (per table, float32 ``[keys.size, dim]`` rows, all views of one 64-byte-aligned buffer;
-    per table, the number absent) in one call without the GIL. Keys int64, C-contiguous, any
-    shape (read flat). It holds the tables' arrays as they are now: build a new one after an
+    gives (per table, float32 ``keys.shape + [dim]`` rows, all views of one 64-byte-aligned
+    buffer; per table, the number absent) in one call without the GIL. Keys int64, C-contiguous,
+    any shape. It holds the tables' arrays as they are now: build a new one after an
     upsert. Thread-safe. Needs ``AVAILABLE``."""
     return MODULE.TableSet([_table_args(t.index, t.values, t.default) for t in tables])
 

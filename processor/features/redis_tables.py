@@ -71,7 +71,7 @@ class RedisVersionTables:
             if not any(len(m) for m in misses):  # every id cached: nothing to fetch, no default served
                 counts = [(name, flat.size, 0, flat.size, 0) for name, flat in flats]
                 self._count(counts, started, "redis_cache")
-                return outs
+                return [rows.reshape(np.shape(keys) + rows.shape[1:]) for rows, (_, keys) in zip(outs, requests)]
         for k, (name, flat) in enumerate(flats):
             if cache is not None:
                 rows, miss = outs[k], misses[k]
@@ -84,7 +84,8 @@ class RedisVersionTables:
         fetched = self._fetch(wanted)
         pinned = self._pinned
         out, counts = [], []
-        for (name, size, rows, miss, inverse), (_, ids), (got, present) in zip(parts, wanted, fetched):
+        for (name, size, rows, miss, inverse), (_, ids), (got, present), (_, keys) in zip(parts, wanted, fetched,
+                                                                                           requests):
             if len(ids):
                 if pinned is not None and name in pinned:
                     _overlay(pinned[name], ids, got, present)
@@ -96,7 +97,7 @@ class RedisVersionTables:
             elif rows is None:
                 rows = got
             defaults = int(np.count_nonzero(~present[inverse])) if not present.all() else 0
-            out.append(rows)
+            out.append(rows.reshape(np.shape(keys) + rows.shape[1:]))
             missed = len(miss) if cache is not None else 0
             counts.append((name, size, defaults, size - missed if cache is not None else 0, missed))
         self._count(counts, started, "redis_cache" if cache is not None else "")

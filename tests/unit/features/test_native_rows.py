@@ -83,7 +83,7 @@ def test_lookup_many_equals_each_tables_reference():
 
 def test_a_table_sets_rows_are_aligned_views_for_keys_of_any_shape():
     """TensorFlow feeds 64-byte-aligned arrays without a copy: every table's block starts on 64
-    bytes, whatever the sizes before it; 2-D keys are read flat."""
+    bytes, whatever the sizes before it; rows come in the keys' shape + [dim]."""
     tables = []
     for i, dim in enumerate((3, 16, 5)):
         table = DramTable(TableSpec(f"t{i}", dim, "row", 10), 10)
@@ -91,10 +91,10 @@ def test_a_table_sets_rows_are_aligned_views_for_keys_of_any_shape():
         tables.append(table)
     keys = [np.array([[1, 2, 3], [4, 5, 99]], np.int64), np.arange(7, dtype=np.int64), np.array([0], np.int64)]
     rows, misses = native_rows.table_set(tables).lookup(keys)
-    assert [r.shape for r in rows] == [(6, 3), (7, 16), (1, 5)] and list(misses) == [1, 0, 0]
+    assert [r.shape for r in rows] == [(2, 3, 3), (7, 16), (1, 5)] and list(misses) == [1, 0, 0]
     assert all(r.ctypes.data % 64 == 0 for r in rows)
     for table, q, got in zip(tables, keys, rows):
-        np.testing.assert_array_equal(got, table.lookup_reference(q.reshape(-1))[0])
+        np.testing.assert_array_equal(got.reshape(-1, table.spec.dim), table.lookup_reference(q.reshape(-1))[0])
 
 
 def test_version_tables_see_a_delta_that_grows_a_table():
