@@ -14,7 +14,11 @@
    tables in TensorFlow variables, the DRAM store, Redis and Redis Cluster (hot-row cache on, the
    default; Redis also with it off): requests/s, latency and the ratio to TensorFlow variables
    for batches of 256 from 2 threads, 64 different requests in turn (the demo's ids are
-   Zipf-like, s ~ 1); the cache's hit rate; every case's answers allclose to TensorFlow's.
+   Zipf-like, s ~ 1); the cache's hit rate; every case's answers allclose to TensorFlow's. Run
+   twice, each in a process of its own (TensorFlow sizes its process-wide inter-op pool once):
+   with a pool of 1 thread (graph runs take turns, as ``inter_op_parallelism_threads: 1`` without
+   per-session pools serves) and of 2 (both client threads' graphs at once). The model is built in
+   a child process, so its build does not size that pool.
 
 Writes benchmarks/results/features.json and .md. Timings are this machine's (2 cores shared by the
 Python client and the Redis servers): compare rows of one run, not runs of different machines.
@@ -26,6 +30,7 @@ import argparse
 import gc
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +39,8 @@ from pathlib import Path
 import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import memory_of, paired_ratio, run_threads, write_results  # noqa: E402
 from processor.features.dram_store import DramTable  # noqa: E402
@@ -216,22 +222,37 @@ def bench_memory(keys_count: int) -> dict:
     return out
 
 
-def bench_end_to_end(seconds: float, rounds: int = 5) -> dict:
+def build_demo_model() -> dict:
+    """The demo CTR model (small preset), built by ``python -m demo build`` in a child process:
+    building it here would create TensorFlow's process-wide inter-op pool with the build's
+    sizing, and every session opened afterwards without pools of its own would run on that pool
+    instead of the one ``inter_op_parallelism_threads`` asks for. Returns its paths."""
+    work = Path(tempfile.mkdtemp(prefix="bench-features-"))
+    built = subprocess.run([sys.executable, "-m", "demo", "build", "--out", str(work / "model"), "--preset", "small",
+                            "--versions", "1"], cwd=ROOT, check=True, capture_output=True, text=True)
+    return json.loads(built.stdout)["model_config"]
+
+
+def bench_end_to_end(seconds: float, rounds: int, inter_op_threads: int) -> dict:
     """Every case's processor open at once; ``rounds`` rounds of ``seconds`` per case, the order
     rotating; a case's ratio is the median over rounds of its requests/s over TensorFlow
-    variables' in the same round (next to each other in time: the machine's drift cancels)."""
+    variables' in the same round (next to each other in time: the machine's drift cancels).
+
+    ``inter_op_threads``: the sessions share TensorFlow's process-wide inter-op pool (no
+    per-session pools), this many threads, made by the first session this process opens: 1
+    runs one request's graph at a time (what the stores shorten: their graph runs without the
+    lookups), 2 runs both client threads' graphs at once (what the stores' Python work competes
+    with). One size per process: run each in its own process (``--inter-op``)."""
     import statistics
 
-    from demo.ctr_model import build_ctr_model
     from demo.synthetic_data import synthetic_batch
     from processor import codec
     from processor.processor import Processor
 
-    work = Path(tempfile.mkdtemp(prefix="bench-features-"))
-    paths = build_ctr_model(work / "model", preset="small", versions=1)
+    model = build_demo_model()
     requests = [codec.encode_request(synthetic_batch(256, 7 + i)) for i in range(64)]
-    base = {"savedmodel_dir": str(paths.savedmodel_dir), "checkpoint_dir": str(paths.checkpoint_dir),
-            "session_num": 2, "inter_op_parallelism_threads": 1, "intra_op_parallelism_threads": 1,
+    base = {"savedmodel_dir": model["savedmodel_dir"], "checkpoint_dir": model["checkpoint_dir"],
+            "session_num": 2, "inter_op_parallelism_threads": inter_op_threads, "intra_op_parallelism_threads": 1,
             "file_system_poll_wait_seconds": 0}
     redis, cluster = LocalRedis(), LocalRedisCluster(3)
     cases = [("tensorflow variables", {}), ("dram store", {"ev_storage_type": 1}),
@@ -281,7 +302,7 @@ def bench_end_to_end(seconds: float, rounds: int = 5) -> dict:
         redis.close()
         cluster.close()
     return {"model": "demo CTR, small preset (26 tables)", "batch": 256, "threads": 2, "rounds": rounds,
-            "seconds": seconds, "cases": out}
+            "seconds": seconds, "inter_op_threads": inter_op_threads, "cases": out}
 
 
 def main() -> None:
@@ -290,14 +311,27 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--memory-keys", type=int, default=10_000_000)
     parser.add_argument("--rounds", type=int, default=5, help="end-to-end rounds (cases alternating)")
+    parser.add_argument("--e2e-child", type=int, metavar="INTER_OP", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.e2e_child:  # one end-to-end run, its inter-op pool size fixed for this process
+        print("RESULT " + json.dumps(bench_end_to_end(args.seconds, args.rounds, args.e2e_child)), flush=True)
+        return
     print("memory:", flush=True)
     memory = bench_memory(args.memory_keys)  # first: RSS growth is read in a fresh process
     print("lookups:", flush=True)
     lookups = bench_lookups(args.rows, args.seconds)
-    print("end to end:", flush=True)
-    e2e = bench_end_to_end(args.seconds, args.rounds)
-    payload = {"machine": {"cpus": os.cpu_count()}, "lookup": lookups, "memory": memory, "end_to_end": e2e}
+    runs = []
+    for inter_op in (1, 2):
+        print(f"end to end, inter-op pool of {inter_op}:", flush=True)
+        child = subprocess.run([sys.executable, "-m", "benchmarks.bench_features", "--e2e-child", str(inter_op),
+                                "--seconds", str(args.seconds), "--rounds", str(args.rounds)],
+                               cwd=ROOT, check=True, stdout=subprocess.PIPE, text=True)
+        for line in child.stdout.splitlines():
+            if line.startswith("RESULT "):
+                runs.append(json.loads(line[len("RESULT "):]))
+            else:
+                print(line, flush=True)
+    payload = {"machine": {"cpus": os.cpu_count()}, "lookup": lookups, "memory": memory, "end_to_end": runs}
     lines = ["# Feature store benchmark\n",
              f"Lookup of {BATCH} ids in a {args.rows:,} x {DIM} table, one thread:\n",
              "| store | M ids/s | p50 ms | p99 ms | notes |", "|---|---|---|---|---|"]
@@ -318,16 +352,19 @@ def main() -> None:
               f"{memory['overhead_bytes_per_key_arrays']:.2f} bytes/key beyond the floats in its arrays, "
               f"{memory['overhead_bytes_per_key_rss']:.2f} bytes/key by RSS growth "
               f"(+8 bytes/key when freq/version metadata is kept); load {memory['load_seconds']} s, "
-              f"a 4096-id lookup {memory['lookup_4096_ms_at_this_size']:.2f} ms.", "",
-              f"End to end ({e2e['model']}, batch {e2e['batch']}, {e2e['threads']} threads; "
-              f"{e2e['rounds']} rounds of {e2e['seconds']} s, the cases alternating; 'of TF variables' is the "
-              "median over rounds of the ratio to TensorFlow variables in the same round):", "",
-              "| embeddings in | requests/s | of TF variables | p50 ms | p99 ms | cache hit rate |",
-              "|---|---|---|---|---|---|"]
-    for label, r in e2e["cases"].items():
-        rate = f"{r['cache_hit_rate']:.2f}" if "cache_hit_rate" in r else ""
-        lines.append(f"| {label} | {r['requests_per_s']:.0f} | {r['vs_tensorflow_variables']:.2f} | "
-                     f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {rate} |")
+              f"a 4096-id lookup {memory['lookup_4096_ms_at_this_size']:.2f} ms.", ""]
+    for e2e in runs:
+        lines += [f"End to end, TensorFlow's inter-op pool of {e2e['inter_op_threads']} "
+                  f"({e2e['model']}, batch {e2e['batch']}, {e2e['threads']} client threads, session_num 2, intra-op 1; "
+                  f"{e2e['rounds']} rounds of {e2e['seconds']} s, the cases alternating; 'of TF variables' is the "
+                  "median over rounds of the ratio to TensorFlow variables in the same round):", "",
+                  "| embeddings in | requests/s | of TF variables | p50 ms | p99 ms | cache hit rate |",
+                  "|---|---|---|---|---|---|"]
+        for label, r in e2e["cases"].items():
+            rate = f"{r['cache_hit_rate']:.2f}" if "cache_hit_rate" in r else ""
+            lines.append(f"| {label} | {r['requests_per_s']:.0f} | {r['vs_tensorflow_variables']:.2f} | "
+                         f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {rate} |")
+        lines.append("")
     lines += ["", f"Load average at the end: {os.getloadavg()[0]:.1f}; compare rows of one run."]
     write_results("features", payload, "\n".join(lines))
 

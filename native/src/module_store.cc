@@ -2,7 +2,7 @@
 //
 //   find_rows(keys_by_row, slots, queries, out)        HashIndex probe (slots int32 or int64)
 //   TableSet([(keys_by_row, slots, identity_size, values, default), ...])
-//     .lookup([queries, ...]) -> (rows, misses)        each table's index probe + row gather (values
+//     .lookup([queries, ...]) -> (rows, counts)        each table's index probe + row gather (values
 //                                                      float32, or float16 as its uint16 bits), one call
 //   RowCache(capacity, dim)                            the hot-row cache (CLOCK), thread-safe
 //   CacheSet([cache or None, ...], dims).lookup([queries, ...]) -> (rows, misses)   several caches, one call
@@ -13,6 +13,11 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/vector.h>
+
+#define NPY_NO_DEPRECATED_API NPY_1_22_API_VERSION
+#define PY_ARRAY_UNIQUE_SYMBOL SP_NATIVE_ARRAY_API
+#define NO_IMPORT_ARRAY  // module.cc imports numpy's C API for the whole module
+#include <numpy/arrayobject.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -64,7 +69,6 @@ struct TableArrays {
 // Arrays of any dtype (never converted: a converted copy would die before the lookup runs).
 using AnyVec = nb::ndarray<nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using AnyMat = nb::ndarray<nb::ndim<2>, nb::c_contig, nb::device::cpu>;
-using Keys = nb::ndarray<const int64_t, nb::c_contig, nb::device::cpu>;  // any shape
 
 TableArrays table_arrays(nb::handle item) {
   nb::tuple t = nb::cast<nb::tuple>(item);
@@ -112,12 +116,65 @@ int64_t lookup_table(const TableArrays& t, const int64_t* queries, int64_t n, st
 
 constexpr int64_t kAlignFloats = 16;  // 64 bytes: TensorFlow feeds such arrays without a copy
 
-// An uninitialised buffer of `floats` floats on 64 bytes (std::free it); throws bad_alloc.
-float* aligned_floats(int64_t floats) {
+// An uninitialised buffer of `floats` floats on 64 bytes, owned by the returned capsule.
+std::pair<float*, nb::capsule> aligned_floats(int64_t floats) {
   const size_t bytes = static_cast<size_t>(std::max<int64_t>(floats, kAlignFloats)) * sizeof(float);
   void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
   if (p == nullptr) throw std::bad_alloc();
-  return static_cast<float*>(p);
+  return {static_cast<float*>(p), nb::capsule(p, [](void* q) noexcept { std::free(q); })};
+}
+
+// A request's key arrays, read with numpy's C API (nanobind's ndarray import costs a few
+// microseconds an array, and a request has one per table): an int64, C-contiguous, aligned array
+// is read in place; anything else is converted (ValueError/TypeError when it cannot be), the copy
+// kept alive here.
+struct KeyArrays {
+  std::vector<PyArrayObject*> arrays;
+  std::vector<nb::object> converted;
+
+  KeyArrays(nb::list queries, size_t expected, const char* what) {
+    require(queries.size() == expected, what);
+    arrays.reserve(expected);
+    for (size_t i = 0; i < expected; ++i) {
+      PyObject* q = queries[i].ptr();
+      if (PyArray_Check(q) && PyArray_TYPE(reinterpret_cast<PyArrayObject*>(q)) == NPY_INT64 &&
+          PyArray_ISCARRAY_RO(reinterpret_cast<PyArrayObject*>(q)) &&
+          PyArray_ISNOTSWAPPED(reinterpret_cast<PyArrayObject*>(q))) {
+        arrays.push_back(reinterpret_cast<PyArrayObject*>(q));  // referenced by `queries`
+        continue;
+      }
+      PyObject* c = PyArray_FROMANY(q, NPY_INT64, 0, 0, NPY_ARRAY_CARRAY_RO | NPY_ARRAY_FORCECAST);
+      if (c == nullptr) throw nb::python_error();
+      converted.push_back(nb::steal(c));
+      arrays.push_back(reinterpret_cast<PyArrayObject*>(c));
+    }
+  }
+  const int64_t* data(size_t i) const { return static_cast<const int64_t*>(PyArray_DATA(arrays[i])); }
+  int64_t size(size_t i) const { return static_cast<int64_t>(PyArray_SIZE(arrays[i])); }
+};
+
+// An array of numpy `type` (float32 unless said) over `data`, owned by `base`, of shape `dims` +
+// [last] (last < 0: `dims` only).
+nb::object array_view(void* data, int nd, const npy_intp* dims, npy_intp last, const nb::capsule& base,
+                      int type = NPY_FLOAT32) {
+  npy_intp shape[NPY_MAXDIMS];
+  std::copy(dims, dims + nd, shape);
+  if (last >= 0) shape[nd++] = last;
+  PyObject* a = PyArray_New(&PyArray_Type, nd, shape, type, nullptr, data, 0, NPY_ARRAY_CARRAY, nullptr);
+  if (a == nullptr) throw nb::python_error();
+  nb::object view = nb::steal(a);
+  Py_INCREF(base.ptr());
+  if (PyArray_SetBaseObject(reinterpret_cast<PyArrayObject*>(a), base.ptr()) < 0) throw nb::python_error();
+  return view;
+}
+
+// An int64 array [rows, cols] holding `values` (row-major).
+nb::object int64_matrix(const std::vector<int64_t>& values, npy_intp rows, npy_intp cols) {
+  npy_intp dims[2] = {rows, cols};
+  PyObject* a = PyArray_SimpleNew(2, dims, NPY_INT64);
+  if (a == nullptr) throw nb::python_error();
+  std::copy(values.begin(), values.end(), static_cast<int64_t*>(PyArray_DATA(reinterpret_cast<PyArrayObject*>(a))));
+  return nb::steal(a);
 }
 
 // A version's DRAM tables, their arrays' addresses taken once: a request's lookup passes only its
@@ -130,37 +187,34 @@ class TableSet {
     for (nb::handle item : tables) tables_.push_back(table_arrays(item));
   }
 
-  // (rows, misses): per table i, float32 queries[i].shape + [dim] (the queries of any shape),
-  // all of them views of one 64-byte-aligned buffer, each block starting on 64 bytes; and
-  // how many took the default vector. The GIL is released once for all tables.
+  // (rows, counts): per table i, float32 queries[i].shape + [dim], all of them views of one
+  // 64-byte-aligned buffer, each block starting on 64 bytes; and int64 [3, tables]: 1 (a
+  // lookup), the ids looked up and how many took the default vector, per table. Queries int64
+  // of any shape (others are converted). The GIL is released once for all tables.
   nb::tuple lookup(nb::list queries) const {
-    require(queries.size() == tables_.size(), "TableSet.lookup: one key array per table");
-    std::vector<Keys> keys;  // referenced by `queries` for the whole call
-    std::vector<int64_t> offsets(tables_.size() + 1, 0);
-    keys.reserve(tables_.size());
-    for (size_t i = 0; i < tables_.size(); ++i) {
-      keys.push_back(nb::cast<Keys>(queries[i], false));
-      const int64_t floats = static_cast<int64_t>(keys[i].size()) * tables_[i].dim;
+    const size_t n = tables_.size();
+    KeyArrays keys(queries, n, "TableSet.lookup: one key array per table");
+    std::vector<int64_t> offsets(n + 1, 0);
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t floats = keys.size(i) * tables_[i].dim;
       offsets[i + 1] = offsets[i] + (floats + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
     }
-    float* buffer = aligned_floats(offsets.back());
-    nb::capsule owner(buffer, [](void* p) noexcept { std::free(p); });
-    std::vector<int64_t> misses(tables_.size());
+    auto [buffer, owner] = aligned_floats(offsets.back());
+    std::vector<int64_t> counts(3 * n);
     {
       nb::gil_scoped_release nogil;
       std::vector<int64_t> rows;
-      for (size_t i = 0; i < tables_.size(); ++i)
-        misses[i] = lookup_table(tables_[i], keys[i].data(), static_cast<int64_t>(keys[i].size()), rows,
-                                 buffer + offsets[i]);
+      for (size_t i = 0; i < n; ++i) {
+        counts[i] = 1;
+        counts[n + i] = keys.size(i);
+        counts[2 * n + i] = lookup_table(tables_[i], keys.data(i), keys.size(i), rows, buffer + offsets[i]);
+      }
     }
     nb::list out;
-    std::vector<size_t> shape;
-    for (size_t i = 0; i < tables_.size(); ++i) {
-      shape.assign(keys[i].shape_ptr(), keys[i].shape_ptr() + keys[i].ndim());
-      shape.push_back(static_cast<size_t>(tables_[i].dim));
-      out.append(nb::ndarray<nb::numpy, float>(buffer + offsets[i], shape.size(), shape.data(), owner).cast());
-    }
-    return nb::make_tuple(out, nb::cast(misses));
+    for (size_t i = 0; i < n; ++i)
+      out.append(array_view(buffer + offsets[i], PyArray_NDIM(keys.arrays[i]), PyArray_DIMS(keys.arrays[i]),
+                            tables_[i].dim, owner));
+    return nb::make_tuple(out, int64_matrix(counts, 3, static_cast<npy_intp>(n)));
   }
 
   size_t size() const { return tables_.size(); }
@@ -195,44 +249,40 @@ class CacheSet {
     }
   }
 
-  // (rows, misses): per table, float32 [len(queries[i]), dim] holding the cached rows (the others'
-  // rows left for the caller to write), views of one 64-byte-aligned buffer; and the positions of
-  // the ids not cached, int64. Queries int64, C-contiguous, any shape (read flat).
+  // (rows, misses): per table, float32 [queries[i].size, dim] holding the cached rows (the
+  // others' rows left for the caller to write), views of one 64-byte-aligned buffer; and the
+  // positions of the ids not cached, int64. Queries int64 of any shape, read flat (others are
+  // converted).
   nb::tuple lookup(nb::list queries) const {
-    require(queries.size() == caches_.size(), "CacheSet.lookup: one key array per cache");
-    std::vector<Keys> keys;  // referenced by `queries` for the whole call
-    std::vector<int64_t> offsets(caches_.size() + 1, 0), miss_offsets(caches_.size() + 1, 0);
-    keys.reserve(caches_.size());
-    for (size_t i = 0; i < caches_.size(); ++i) {
-      keys.push_back(nb::cast<Keys>(queries[i], false));
-      const int64_t n = static_cast<int64_t>(keys[i].size());
-      offsets[i + 1] = offsets[i] + (n * dims_[i] + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
-      miss_offsets[i + 1] = miss_offsets[i] + n;
+    const size_t n = caches_.size();
+    KeyArrays keys(queries, n, "CacheSet.lookup: one key array per cache");
+    std::vector<int64_t> offsets(n + 1, 0), miss_offsets(n + 1, 0);
+    for (size_t i = 0; i < n; ++i) {
+      offsets[i + 1] = offsets[i] + (keys.size(i) * dims_[i] + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+      miss_offsets[i + 1] = miss_offsets[i] + keys.size(i);
     }
-    float* rows = aligned_floats(offsets.back());
-    nb::capsule rows_owner(rows, [](void* p) noexcept { std::free(p); });
-    int64_t* miss = new int64_t[static_cast<size_t>(std::max<int64_t>(miss_offsets.back(), 1))];
-    nb::capsule miss_owner(miss, [](void* p) noexcept { delete[] static_cast<int64_t*>(p); });
-    std::vector<int64_t> counts(caches_.size());
+    auto [rows, rows_owner] = aligned_floats(offsets.back());
+    // int64 positions in a buffer of floats' size units: 2 floats an int64, 64-byte aligned too
+    auto [miss_floats, miss_owner] = aligned_floats(2 * miss_offsets.back());
+    int64_t* miss = reinterpret_cast<int64_t*>(miss_floats);
+    std::vector<int64_t> counts(n);
     {
       nb::gil_scoped_release nogil;
-      for (size_t i = 0; i < caches_.size(); ++i) {
-        const int64_t n = static_cast<int64_t>(keys[i].size());
+      for (size_t i = 0; i < n; ++i) {
         int64_t* m = miss + miss_offsets[i];
         if (caches_[i] != nullptr) {
-          counts[i] = caches_[i]->lookup(keys[i].data(), n, rows + offsets[i], m);
+          counts[i] = caches_[i]->lookup(keys.data(i), keys.size(i), rows + offsets[i], m);
         } else {
-          for (int64_t j = 0; j < n; ++j) m[j] = j;
-          counts[i] = n;
+          for (int64_t j = 0; j < keys.size(i); ++j) m[j] = j;
+          counts[i] = keys.size(i);
         }
       }
     }
     nb::list out_rows, out_miss;
-    for (size_t i = 0; i < caches_.size(); ++i) {
-      size_t shape[2] = {keys[i].size(), static_cast<size_t>(dims_[i])};
-      out_rows.append(nb::ndarray<nb::numpy, float, nb::ndim<2>>(rows + offsets[i], 2, shape, rows_owner).cast());
-      size_t mshape[1] = {static_cast<size_t>(counts[i])};
-      out_miss.append(nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>(miss + miss_offsets[i], 1, mshape, miss_owner).cast());
+    for (size_t i = 0; i < n; ++i) {
+      const npy_intp size = keys.size(i), missed = counts[i];
+      out_rows.append(array_view(rows + offsets[i], 1, &size, dims_[i], rows_owner));
+      out_miss.append(array_view(miss + miss_offsets[i], 1, &missed, -1, miss_owner, NPY_INT64));
     }
     return nb::make_tuple(out_rows, out_miss);
   }

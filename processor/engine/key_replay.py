@@ -34,7 +34,10 @@ def _unpack(op) -> Callable[[np.ndarray], tuple[np.ndarray, ...]]:
             raise ValueError(f"{op.name}: dimension {axis} of {list(x.shape)} is not {num}")
         # one copy with the axis first; its rows are the outputs, each contiguous (what the
         # store's lookup reads without another copy)
-        return tuple(np.ascontiguousarray(np.moveaxis(x, axis, 0)))
+        first = axis % x.ndim
+        if first:
+            x = x.transpose((first, *range(first), *range(first + 1, x.ndim)))
+        return tuple(np.ascontiguousarray(x))
 
     return run
 
@@ -57,8 +60,17 @@ def _hash(op) -> Callable[[np.ndarray], np.ndarray]:
 
 def _int_mod(np_mod):
     def make(op):
+        divisor = op.inputs[1]
+        if divisor.op.type == "Const" and np.all(_const(divisor) != 0):
+            return np_mod  # a constant divisor is checked here, once, not on every request
         return lambda x, y: np_mod(x, y) if np.all(y != 0) else _zero_division(op)
     return make
+
+
+def _const(tensor) -> np.ndarray:
+    from tensorflow.python.framework import tensor_util
+
+    return tensor_util.MakeNdarray(tensor.op.get_attr("value"))
 
 
 def _zero_division(op):
@@ -99,8 +111,6 @@ class KeyReplay:
     def build(cls, feed_tensors: Sequence[Any], key_tensors: Sequence[Any]) -> KeyReplay | None:
         """The replay of the graph part from ``feed_tensors`` to ``key_tensors`` (graph
         tensors), or None when it holds an op that is not replayed."""
-        from tensorflow.python.framework import tensor_util
-
         feeds = tuple(t.name for t in feed_tensors)
         constants: dict[str, np.ndarray] = {}
         steps: list[Step] = []
@@ -112,7 +122,7 @@ class KeyReplay:
                 return True
             op = tensor.op
             if op.type == "Const":
-                constants[tensor.name] = tensor_util.MakeNdarray(op.get_attr("value"))
+                constants[tensor.name] = _const(tensor)
                 done.add(tensor.name)
                 return True
             make = OPS.get(op.type)

@@ -27,7 +27,7 @@ from . import native_rows
 from .rows import LookupStats, Narrowing, RowChunk, TableSpec, to_storage
 from .hash_index import HashIndex
 from .progress import LoadProgress
-from .store_metrics import StoreMetrics
+from .store_metrics import StoreMetrics, TableCounts
 
 log = logging.getLogger("processor.features")
 
@@ -167,6 +167,7 @@ class LocalVersionTables:
         # DRAM tables only (not the SSD tier's): their lookups may go native all at once
         self._in_memory = all(type(t) is DramTable for t in tables.values())
         self._sets: dict[tuple[str, ...], Any] = {}  # native TableSets by table names (see _native_set)
+        self._counts = TableCounts(3)  # the native lookups' per table: lookups, ids, default vectors
 
     def load(self, source, chunk_rows: int = 65536) -> None:
         self.progress = LoadProgress(f"{self.kind} store, version {self.version}", source.row_count(self.specs))
@@ -178,24 +179,23 @@ class LocalVersionTables:
 
     def lookup(self, requests: Sequence[tuple[str, np.ndarray]]) -> list[np.ndarray]:
         started = time.perf_counter()
-        tables = self.tables
-        native = self._native_set(tuple(name for name, _ in requests)) if self._in_memory else None
+        names = tuple(name for name, _ in requests)
+        native = self._native_set(names) if self._in_memory else None
         if native is not None:  # every table in one native call, their arrays taken once per version
-            asked = [np.ascontiguousarray(keys, np.int64) for _, keys in requests]
-            found, misses = native.lookup(asked)
-            counted = []
-            for (name, _), keys, rows, missed in zip(requests, asked, found, misses):
-                tables[name].stats.add(keys.size, missed)
-                counted.append((rows, keys.size, missed, 0, 0))
-        else:
-            counted = []
-            for name, keys in requests:
-                rows, *counts = tables[name].lookup_counted(np.ascontiguousarray(keys, np.int64).reshape(-1))
-                counted.append((rows.reshape(np.shape(keys) + rows.shape[1:]), len(rows), *counts))
+            found, counts = native.lookup([keys for _, keys in requests])
+            self._counts.add(names, counts)  # lookups, ids, defaults: one add for all tables
+            if self.metrics is not None:
+                self.metrics.record(time.perf_counter() - started, names, counts[1:], self.tier)
+            return found
+        found, counted = [], []
+        for name, keys in requests:  # tables that count their own lookups (DRAM+SSD, no extension)
+            rows, *counts = self.tables[name].lookup_counted(np.ascontiguousarray(keys, np.int64).reshape(-1))
+            found.append(rows.reshape(np.shape(keys) + rows.shape[1:]))
+            counted.append((len(rows), *counts))
         if self.metrics is not None:
-            self.metrics.record(time.perf_counter() - started,
-                                [(name, *c[1:]) for (name, _), c in zip(requests, counted)], self.tier)
-        return [c[0] for c in counted]
+            self.metrics.record(time.perf_counter() - started, names, np.array(counted, np.int64).T.reshape(4, -1),
+                                self.tier)
+        return found
 
     def _native_set(self, names: tuple[str, ...]):
         """The native TableSet of ``names`` (built once per list of names; None without the
@@ -217,9 +217,14 @@ class LocalVersionTables:
 
     def describe(self) -> dict[str, Any]:
         tables = {}
+        native = self._counts.totals()
         for name, table in self.tables.items():
+            stats = table.stats.as_dict()
+            if name in native:  # lookups made through the version's TableSets
+                for key, count in zip(("lookups", "ids", "default_vectors_served"), native[name].tolist()):
+                    stats[key] += count
             tables[name] = {"rows": table.size, "dim": table.spec.dim, "keyed_by": table.spec.keyed_by,
-                            "dtype": table.spec.dtype, "bytes": table.nbytes(), **table.stats.as_dict()}
+                            "dtype": table.spec.dtype, "bytes": table.nbytes(), **stats}
             if table.narrowing is not None:
                 tables[name]["float16"] = table.narrowing.as_dict()
             if self.filtered.get(name):

@@ -27,15 +27,15 @@ AVAILABLE = MODULE is not None and hasattr(MODULE, "TableSet")
 def lookup_rows(index, values: np.ndarray, default: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, int]:
     """(float32 ``[len(keys), dim]``: each key's row of ``values`` through ``index``, ``default``
     where absent; the number absent). ``keys`` int64, contiguous. Needs ``AVAILABLE``."""
-    rows, misses = MODULE.TableSet([_table_args(index, values, default)]).lookup([keys])
-    return rows[0], misses[0]
+    rows, counts = MODULE.TableSet([_table_args(index, values, default)]).lookup([keys])
+    return rows[0], int(counts[2, 0])
 
 
 def table_set(tables: Sequence[Any]):
     """The native ``TableSet`` of :class:`~.dram_store.DramTable` s: ``.lookup([keys, ...])``
     gives (per table, float32 ``keys.shape + [dim]`` rows, all views of one 64-byte-aligned
-    buffer; per table, the number absent) in one call without the GIL. Keys int64, C-contiguous,
-    any shape. It holds the tables' arrays as they are now: build a new one after an
+    buffer; int64 ``[3, tables]``: 1, the ids and the ids absent, per table) in one call without
+    the GIL. Keys of any shape, int64 (others are converted). It holds the tables' arrays as they are now: build a new one after an
     upsert. Thread-safe. Needs ``AVAILABLE``."""
     return MODULE.TableSet([_table_args(t.index, t.values, t.default) for t in tables])
 
@@ -43,8 +43,8 @@ def table_set(tables: Sequence[Any]):
 def lookup_many(tables: Sequence[tuple[Any, np.ndarray]]) -> list[tuple[np.ndarray, int]]:
     """:func:`lookup_rows` of several ``(DramTable, keys)`` in one native call (the GIL released
     once): per table, (its rows, the number absent). Needs ``AVAILABLE``."""
-    rows, misses = table_set([t for t, _ in tables]).lookup([k for _, k in tables])
-    return list(zip(rows, misses))
+    rows, counts = table_set([t for t, _ in tables]).lookup([k for _, k in tables])
+    return list(zip(rows, counts[2].tolist()))
 
 
 def _table_args(index, values: np.ndarray, default: np.ndarray) -> tuple:

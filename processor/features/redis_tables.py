@@ -69,8 +69,10 @@ class RedisVersionTables:
         if cache is not None:  # the cache first (one native call), on the ids as they come: no sort when all hit
             outs, misses = cache.lookup_many(tuple(name for name, _ in requests), [flat for _, flat in flats])
             if not any(len(m) for m in misses):  # every id cached: nothing to fetch, no default served
-                counts = [(name, flat.size, 0, flat.size, 0) for name, flat in flats]
-                self._count(counts, started, "redis_cache")
+                sizes = [flat.size for _, flat in flats]
+                zeros = [0] * len(sizes)
+                self._count([name for name, _ in flats], np.array([sizes, zeros, sizes, zeros], np.int64), started,
+                            "redis_cache")
                 return [rows.reshape(np.shape(keys) + rows.shape[1:]) for rows, (_, keys) in zip(outs, requests)]
         for k, (name, flat) in enumerate(flats):
             if cache is not None:
@@ -99,16 +101,18 @@ class RedisVersionTables:
             defaults = int(np.count_nonzero(~present[inverse])) if not present.all() else 0
             out.append(rows.reshape(np.shape(keys) + rows.shape[1:]))
             missed = len(miss) if cache is not None else 0
-            counts.append((name, size, defaults, size - missed if cache is not None else 0, missed))
-        self._count(counts, started, "redis_cache" if cache is not None else "")
+            counts.append((size, defaults, size - missed if cache is not None else 0, missed))
+        self._count([name for name, _ in flats], np.array(counts, np.int64).T.reshape(4, -1), started,
+                    "redis_cache" if cache is not None else "")
         return out
 
-    def _count(self, counts: list[tuple[str, int, int, int, int]], started: float, tier: str) -> None:
-        """A lookup's counters: per table (name, ids, default vectors, cache hits, cache misses)."""
-        self.stats.add(sum(c[1] for c in counts), sum(c[2] for c in counts))
-        self.stats.extra["cache_hits"] += sum(c[3] for c in counts)
-        self.stats.extra["cache_misses"] += sum(c[4] for c in counts)
-        self.store.metrics.record(time.perf_counter() - started, counts, tier)
+    def _count(self, names: list[str], counts: np.ndarray, started: float, tier: str) -> None:
+        """A lookup's counters: int64 [4, tables]: ids, default vectors, cache hits, cache misses."""
+        ids, defaults, hits, misses = counts.sum(axis=1).tolist()
+        self.stats.add(ids, defaults)
+        self.stats.extra["cache_hits"] += hits
+        self.stats.extra["cache_misses"] += misses
+        self.store.metrics.record(time.perf_counter() - started, tuple(names), counts, tier)
 
     def _fetch(self, wanted: Sequence[tuple[str, np.ndarray]]) -> list[tuple[np.ndarray, np.ndarray]]:
         """For each (table, distinct ids): (float32 rows, the default vector where absent; present

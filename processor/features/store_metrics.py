@@ -1,7 +1,8 @@
 """StoreMetrics: one model's feature store counters, for ``/metrics``, across its versions.
 
 Filled on the request path by the version tables (one :meth:`StoreMetrics.record` per lookup
-call: a lock and a few integer adds, no Prometheus call, no allocation), read at scrape time
+call: a lock, a few integer adds and one numpy add for all its tables, no Prometheus call),
+read at scrape time
 by the server's collector (``server/metrics.py``) through
 :meth:`~processor.served_model.ServedModel.feature_store_metrics`. Counters only grow: a new
 version adds to the same per-table counters.
@@ -19,20 +20,43 @@ from __future__ import annotations
 
 import bisect
 import threading
-from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 # Upper bounds (seconds) of the latency buckets; +Inf is implied.
 LATENCY_BUCKETS = (0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2,
                    0.5, 1.0, 2.0, 5.0)
 
 
-@dataclass
-class TableCounters:
-    ids: int = 0
-    default_vectors: int = 0
-    hits: dict[str, int] = field(default_factory=dict)    # by tier
-    misses: dict[str, int] = field(default_factory=dict)  # by tier
+class TableCounts:
+    """Integer counters per table, ``rows`` of them, added a lookup call at a time for all of its
+    tables with one numpy add (the request path's cost does not grow with the number of tables);
+    summed per table when read. Thread-safe."""
+
+    def __init__(self, rows: int) -> None:
+        self._rows = rows
+        self._lock = threading.Lock()
+        self._by_names: dict[tuple[str, ...], np.ndarray] = {}
+
+    def add(self, names: tuple[str, ...], counts: np.ndarray) -> None:
+        """``counts``: int64 ``[k, len(names)]``, column ``j`` for ``names[j]``: the first ``k``
+        counters (``k <= rows``; the others unchanged)."""
+        with self._lock:
+            acc = self._by_names.get(names)
+            if acc is None:
+                acc = self._by_names[names] = np.zeros((self._rows, len(names)), np.int64)
+            acc[:len(counts)] += counts
+
+    def totals(self) -> dict[str, np.ndarray]:
+        """Per table: its ``rows`` counters (int64)."""
+        with self._lock:
+            items = [(names, acc.copy()) for names, acc in self._by_names.items()]
+        out: dict[str, np.ndarray] = {}
+        for names, acc in items:
+            for j, name in enumerate(names):
+                out[name] = out[name] + acc[:, j] if name in out else acc[:, j].copy()
+        return out
 
 
 class StoreMetrics:
@@ -41,30 +65,26 @@ class StoreMetrics:
     def __init__(self, store: str) -> None:
         self.store = store
         self._lock = threading.Lock()
-        self._tables: dict[str, TableCounters] = {}
+        self._tables: dict[str, TableCounts] = {}  # by tier ("": none)
         self._buckets = [0] * (len(LATENCY_BUCKETS) + 1)
         self._sum = 0.0
         self._count = 0
         self.redis_errors = 0
         self.redis_reconnects = 0
 
-    def record(self, seconds: float, per_table: list[tuple[str, int, int, int, int]], tier: str = "") -> None:
-        """One lookup call: its latency and, per table, (name, ids, default vectors, cache hits,
-        cache misses); hits and misses count under ``tier`` (no tier: none counted)."""
+    def record(self, seconds: float, names: tuple[str, ...], counts: np.ndarray, tier: str = "") -> None:
+        """One lookup call: its latency and, for its tables ``names``, ``counts`` int64
+        ``[4, len(names)]``: ids, default vectors, cache hits, cache misses (the last two may be
+        left out: none); hits and misses count under ``tier`` (no tier: none counted)."""
         i = bisect.bisect_left(LATENCY_BUCKETS, seconds)
         with self._lock:
             self._buckets[i] += 1
             self._sum += seconds
             self._count += 1
-            for name, ids, defaults, hits, misses in per_table:
-                c = self._tables.get(name)
-                if c is None:
-                    c = self._tables[name] = TableCounters()
-                c.ids += ids
-                c.default_vectors += defaults
-                if tier:
-                    c.hits[tier] = c.hits.get(tier, 0) + hits
-                    c.misses[tier] = c.misses.get(tier, 0) + misses
+            tables = self._tables.get(tier)
+            if tables is None:
+                tables = self._tables[tier] = TableCounts(4)
+        tables.add(names, counts)
 
     def count_redis(self, errors: int = 0, reconnects: int = 0) -> None:
         with self._lock:
@@ -72,7 +92,7 @@ class StoreMetrics:
             self.redis_reconnects += reconnects
 
     def snapshot(self) -> dict[str, Any]:
-        """A consistent copy: ``store``, ``latency`` (cumulative ``buckets`` [(le, count)], ``sum``,
+        """A copy (each counter as it was at some point of the call): ``store``, ``latency`` (cumulative ``buckets`` [(le, count)], ``sum``,
         ``count``), ``tables`` {name: {ids, default_vectors, hits {tier: n}, misses {tier: n}}},
         ``redis_errors``, ``redis_reconnects``."""
         with self._lock:
@@ -80,7 +100,17 @@ class StoreMetrics:
             for bound, n in zip((*LATENCY_BUCKETS, "+Inf"), self._buckets):
                 running += n
                 buckets.append((bound, running))
-            tables = {name: {"ids": c.ids, "default_vectors": c.default_vectors, "hits": dict(c.hits),
-                             "misses": dict(c.misses)} for name, c in self._tables.items()}
-            return {"store": self.store, "latency": {"buckets": buckets, "sum": self._sum, "count": self._count},
-                    "tables": tables, "redis_errors": self.redis_errors, "redis_reconnects": self.redis_reconnects}
+            per_tier = list(self._tables.items())
+            latency = {"buckets": buckets, "sum": self._sum, "count": self._count}
+            errors, reconnects = self.redis_errors, self.redis_reconnects
+        tables: dict[str, dict[str, Any]] = {}
+        for tier, counts in per_tier:
+            for name, (ids, defaults, hits, misses) in counts.totals().items():
+                table = tables.setdefault(name, {"ids": 0, "default_vectors": 0, "hits": {}, "misses": {}})
+                table["ids"] += int(ids)
+                table["default_vectors"] += int(defaults)
+                if tier:
+                    table["hits"][tier] = int(hits)
+                    table["misses"][tier] = int(misses)
+        return {"store": self.store, "latency": latency, "tables": tables, "redis_errors": errors,
+                "redis_reconnects": reconnects}

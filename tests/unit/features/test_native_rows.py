@@ -90,8 +90,14 @@ def test_a_table_sets_rows_are_aligned_views_for_keys_of_any_shape():
         table.upsert(RowChunk(np.arange(10, dtype=np.int64), np.full((10, dim), float(i), np.float32)))
         tables.append(table)
     keys = [np.array([[1, 2, 3], [4, 5, 99]], np.int64), np.arange(7, dtype=np.int64), np.array([0], np.int64)]
-    rows, misses = native_rows.table_set(tables).lookup(keys)
-    assert [r.shape for r in rows] == [(2, 3, 3), (7, 16), (1, 5)] and list(misses) == [1, 0, 0]
+    rows, counts = native_rows.table_set(tables).lookup(keys)
+    assert [r.shape for r in rows] == [(2, 3, 3), (7, 16), (1, 5)]
+    assert counts.tolist() == [[1, 1, 1], [6, 7, 1], [1, 0, 0]]  # lookups, ids, default vectors
+    converted, _ = native_rows.table_set(tables).lookup([k.astype(np.int32) for k in keys])  # converted
+    for a, b in zip(rows, converted):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="one key array per table"):
+        native_rows.table_set(tables).lookup(keys[:2])
     assert all(r.ctypes.data % 64 == 0 for r in rows)
     for table, q, got in zip(tables, keys, rows):
         np.testing.assert_array_equal(got.reshape(-1, table.spec.dim), table.lookup_reference(q.reshape(-1))[0])
