@@ -3,7 +3,8 @@
 //   Plan(inputs, outputs)      a signature compiled for decode(); immutable, shared by threads
 //   decode(plan, data)         PredictRequest bytes -> (feeds, response keys, output aliases), or None
 //   encode(keys, arrays)       response keys + output arrays -> PredictResponse bytes, or None
-//   fingerprint64(values)      object array of bytes/str -> uint64 Fingerprint64 array, or None
+//   fingerprint64(values, num_buckets=0)   object array of bytes/str -> uint64 Fingerprint64 array
+//                              (num_buckets: int64 StringToHashBucketFast), or None
 //   OrtEngine, Batcher         whole requests on ONNX Runtime and the batching queue: module_engine.cc
 //   predict_log_tail(request, response, aliases)  a served wire call -> PredictionLog bytes, or None
 //   find_rows, lookup_rows, RowCache  the embedding stores' index probe, row gather, hot-row cache:
@@ -244,7 +245,8 @@ nb::object encode(nb::handle keys, nb::handle arrays) {
   return nb::steal(out);
 }
 
-nb::object fingerprint64(nb::handle values) {
+// num_buckets > 0: TensorFlow's StringToHashBucketFast instead, int64 Fingerprint64 % num_buckets.
+nb::object fingerprint64(nb::handle values, uint64_t num_buckets) {
   if (!PyArray_Check(values.ptr())) return nb::none();
   auto* a = reinterpret_cast<PyArrayObject*>(values.ptr());
   if (PyArray_TYPE(a) != NPY_OBJECT) return nb::none();
@@ -275,11 +277,13 @@ nb::object fingerprint64(nb::handle values) {
     total += spans[i].n;
   }
   std::vector<int64_t> shape(PyArray_DIMS(c), PyArray_DIMS(c) + PyArray_NDIM(c));
-  nb::object out = new_array(shape, NPY_UINT64);
+  nb::object out = new_array(shape, num_buckets ? NPY_INT64 : NPY_UINT64);
   auto* dst = static_cast<uint64_t*>(PyArray_DATA(reinterpret_cast<PyArrayObject*>(out.ptr())));
   {
     MaybeRelease nogil(total + n * 16 >= kReleaseBytes);
     for (size_t i = 0; i < n; ++i) dst[i] = sp::fingerprint64(spans[i].p, spans[i].n);
+    if (num_buckets)  // < num_buckets <= 2**64 - 1: the int64 cast keeps TensorFlow's bits
+      for (size_t i = 0; i < n; ++i) dst[i] %= num_buckets;
   }
   return out;
 }
@@ -318,6 +322,6 @@ NB_MODULE(_native, m) {
   sp::py::bind_store(m);
   m.def("decode", &decode, nb::arg("plan"), nb::arg("data"));
   m.def("encode", &encode, nb::arg("keys"), nb::arg("arrays"));
-  m.def("fingerprint64", &fingerprint64, nb::arg("values"));
+  m.def("fingerprint64", &fingerprint64, nb::arg("values"), nb::arg("num_buckets") = 0);
   m.def("predict_log_tail", &predict_log_tail, nb::arg("request"), nb::arg("response"), nb::arg("aliases"));
 }

@@ -7,7 +7,7 @@ reshapes and casts. A TensorFlow run of it costs more than the work (a Session c
 executor, the inter-op pool's hand-offs: ~0.3 ms of a batch-256 request here). When every op
 between the inputs and the keys is one of :data:`OPS`, this module replays them in numpy with
 TensorFlow's semantics (floor and truncated modulo, ``Fingerprint64`` bucket hashing via
-:mod:`.string_hash`'s native fingerprint, C casts); otherwise :meth:`KeyReplay.build` returns None and the
+:mod:`.string_hash`'s native hash, C casts); otherwise :meth:`KeyReplay.build` returns None and the
 TensorFlow run stays. Tested equal, values, dtypes and shapes, to the TensorFlow run.
 
 Immutable after :meth:`build`; thread-safe.
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgument
-from .string_hash import fingerprint
+from .string_hash import hash_buckets
 
 Step = tuple[tuple[str, ...], Callable[..., Any], tuple[str, ...]]  # (outputs, fn, inputs)
 
@@ -53,9 +53,8 @@ def _squeeze(op) -> Callable[[np.ndarray], np.ndarray]:
 
 
 def _hash(op) -> Callable[[np.ndarray], np.ndarray]:
-    buckets = np.uint64(op.get_attr("num_buckets"))
-    # string_hash.to_hash_bucket_fast's result, on the native fingerprint (GIL released)
-    return lambda x: (fingerprint(x) % buckets).astype(np.int64)
+    buckets = op.get_attr("num_buckets")
+    return lambda x: hash_buckets(x, buckets)  # native where built (GIL released)
 
 
 def _int_mod(np_mod):

@@ -197,3 +197,13 @@ def fingerprint(values: np.ndarray) -> np.ndarray:
 def to_hash_bucket_fast(values: np.ndarray, num_buckets: int) -> np.ndarray:
     """``tf.strings.to_hash_bucket_fast``: int64 bucket of every element."""
     return (fingerprint64(values) % np.uint64(num_buckets)).astype(np.int64)
+
+
+def hash_buckets(values: np.ndarray, num_buckets: int) -> np.ndarray:
+    """:func:`to_hash_bucket_fast` computed by the native extension (hash and modulo in one
+    pass, GIL released) when it is built; the reference otherwise, and for what it does not take."""
+    if native.MODULE is not None:
+        out = native.MODULE.fingerprint64(values, num_buckets)
+        if out is not None:
+            return out
+    return to_hash_bucket_fast(values, num_buckets)

@@ -32,7 +32,7 @@ def test_native_fingerprint_buckets_equal_tensorflow():
     import tensorflow as tf
 
     from processor import native
-    from processor.engine.string_hash import fingerprint
+    from processor.engine.string_hash import fingerprint, hash_buckets
 
     if native.MODULE is None:
         import pytest
@@ -47,3 +47,6 @@ def test_native_fingerprint_buckets_equal_tensorflow():
     for buckets in (1, 7, 1000, 2**62):
         want = tf.strings.to_hash_bucket_fast(array, buckets).numpy()
         np.testing.assert_array_equal((hashed % np.uint64(buckets)).astype(np.int64), want)
+        got = hash_buckets(array, buckets)  # hash and modulo in one native pass
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
