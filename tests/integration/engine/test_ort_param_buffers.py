@@ -35,9 +35,13 @@ def _lookup_model() -> bytes:
 def _sessions(buffers: BufferSet, count: int):
     import onnxruntime as ort
 
+    from processor.engine.onnx.ort_env import global_pools_in_force
+
     model, made = _lookup_model(), []
     for _ in range(count):
         options = ort.SessionOptions()
+        # once a test before this one made ORT's global pools, ORT refuses sessions with their own
+        options.use_per_session_threads = global_pools_in_force() is None
         buffers.add_to(options, ["table"])
         session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
         buffers.attach(session._sess)
