@@ -28,6 +28,7 @@ from typing import Any
 from ..checkpoint.delta import CheckpointError
 from ..config import ModelConfig
 from ..engine.open_group import open_session_group
+from ..import_guard import first_tensorflow_import
 from ..errors import as_processor_error
 from ..store.model_store import ModelStore
 from ..store.model_version import ModelVersion
@@ -89,6 +90,11 @@ class VersionLoader:
              on_warming: Callable[[], None] | None = None) -> Loaded:
         """Materialize, open, apply every delta, warm up (``on_warming`` is called first);
         on failure close the new group and raise. The caller swaps the group in."""
+        with first_tensorflow_import():  # other models load on other threads
+            return self._load(version, warmup_file, on_warming)
+
+    def _load(self, version: ModelVersion, warmup_file: bytes | None,
+              on_warming: Callable[[], None] | None) -> Loaded:
         local = self.materialize(version)
         group = self.open(version, local)
         try:
@@ -107,6 +113,10 @@ class VersionLoader:
     def apply_delta(self, group, version: ModelVersion) -> DeltaApplied:
         """Bring the live ``group`` (serving ``group.version``) to ``version``, a version of
         the same full with newer deltas: all read and checked first, then applied in order."""
+        with first_tensorflow_import():  # other models load on other threads
+            return self._apply_delta(group, version)
+
+    def _apply_delta(self, group, version: ModelVersion) -> DeltaApplied:
         local = self.materialize(version)
         deltas = self.read_deltas(group.backend, local, group.version)  # all checked first
         hold = 0.0
