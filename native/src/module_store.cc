@@ -157,6 +157,7 @@ struct KeyArrays {
 // [last] (last < 0: `dims` only).
 nb::object array_view(void* data, int nd, const npy_intp* dims, npy_intp last, const nb::capsule& base,
                       int type = NPY_FLOAT32) {
+  require(nd + (last >= 0 ? 1 : 0) <= NPY_MAXDIMS, "keys have too many dimensions for their rows' shape");
   npy_intp shape[NPY_MAXDIMS];
   std::copy(dims, dims + nd, shape);
   if (last >= 0) shape[nd++] = last;

@@ -98,6 +98,10 @@ def test_a_table_sets_rows_are_aligned_views_for_keys_of_any_shape():
         np.testing.assert_array_equal(a, b)
     with pytest.raises(ValueError, match="one key array per table"):
         native_rows.table_set(tables).lookup(keys[:2])
+    most = 64 if np.lib.NumpyVersion(np.__version__) >= "2.0.0" else 32  # numpy's NPY_MAXDIMS
+    deepest = np.zeros((1,) * most, np.int64)  # no room left for the rows' dim
+    with pytest.raises(ValueError, match="too many dimensions"):
+        native_rows.table_set(tables[:1]).lookup([deepest])
     assert all(r.ctypes.data % 64 == 0 for r in rows)
     for table, q, got in zip(tables, keys, rows):
         np.testing.assert_array_equal(got.reshape(-1, table.spec.dim), table.lookup_reference(q.reshape(-1))[0])
