@@ -5,10 +5,14 @@ on free ports (``--http-port 0 --grpc-port 0``), reads the bound ports from ``--
 waits until every model has finished loading (loaded or failed). ``stop()`` sends SIGTERM and
 waits for the exit; the child is killed if it outlives the timeout. Logs go to
 ``workdir/server.log``. With ``ssl_context`` (a client context) its own requests use HTTPS.
+
+A server still running when this process exits (a test fixture that failed before its
+``stop()``, a benchmark interrupted) is stopped then, not left behind.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -21,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+_running: set[ServerProcess] = set()  # started and not stopped yet: stopped at exit
 
 
 class ServerProcess:
@@ -59,6 +64,7 @@ class ServerProcess:
             [sys.executable, "-m", "server", "--config", str(config), "--http-port", "0",
              "--grpc-port", "0", "--host", "127.0.0.1", "--ports-file", str(ports)],
             cwd=REPO_ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        _running.add(self)
         deadline = time.monotonic() + timeout
         while not ports.exists():
             self._check_alive()
@@ -106,6 +112,7 @@ class ServerProcess:
         """SIGTERM, wait for the exit (kill after ``timeout``); returns the exit status."""
         if self.proc is None:
             return None
+        _running.discard(self)
         self.terminate()
         try:
             return self.proc.wait(timeout)
@@ -127,3 +134,11 @@ class ServerProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _stop_left_running() -> None:
+    for server in list(_running):
+        server.stop(timeout=10)
+
+
+atexit.register(_stop_left_running)
