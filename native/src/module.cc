@@ -7,7 +7,7 @@
 //                              (num_buckets: int64 StringToHashBucketFast), or None
 //   OrtEngine, Batcher         whole requests on ONNX Runtime and the batching queue: module_engine.cc
 //   predict_log_tail(request, response, aliases)  a served wire call -> PredictionLog bytes, or None
-//   find_rows, lookup_rows, RowCache  the embedding stores' index probe, row gather, hot-row cache:
+//   find_rows, TableSet, RowCache, CacheSet  the embedding stores' index probe, row gather, hot-row cache:
 //                              module_store.cc
 //
 // None always means "not taken by the fast path": the caller runs the Python reference

@@ -5,11 +5,13 @@
 //     .lookup([queries, ...]) -> (rows, counts)        each table's index probe + row gather (values
 //                                                      float32, or float16 as its uint16 bits), one call
 //   RowCache(capacity, dim)                            the hot-row cache (CLOCK), thread-safe
-//   CacheSet([cache or None, ...], dims).lookup([queries, ...]) -> (rows, misses)   several caches, one call
+//   CacheSet([cache or None, ...], dims)
+//     .lookup([queries, ...]) -> (rows, misses)        several caches' lookups, one call
 //
-// The caller (processor/features/native_rows.py) allocates every array but TableSet's rows; these
-// functions fill them with the GIL released and check only what keeps memory safe (shapes, sizes): the Python
-// wrapper checks the rest. ValueError on a shape that does not fit.
+// The caller (processor/features/native_rows.py, row_cache.py) allocates every array but the
+// sets' rows and miss positions; these functions fill them with the GIL released and check only
+// what keeps memory safe (shapes, sizes): the Python wrapper checks the rest. ValueError on a
+// shape that does not fit.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/vector.h>

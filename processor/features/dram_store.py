@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from . import native_rows
-from .rows import LookupStats, Narrowing, RowChunk, TableSpec, to_storage
+from .rows import LookupStats, Narrowing, RowChunk, TableSpec, in_keys_shape, to_storage
 from .hash_index import HashIndex
 from .progress import LoadProgress
 from .store_metrics import StoreMetrics, TableCounts
@@ -190,7 +190,7 @@ class LocalVersionTables:
         found, counted = [], []
         for name, keys in requests:  # tables that count their own lookups (DRAM+SSD, no extension)
             rows, *counts = self.tables[name].lookup_counted(np.ascontiguousarray(keys, np.int64).reshape(-1))
-            found.append(rows.reshape(np.shape(keys) + rows.shape[1:]))
+            found.append(in_keys_shape(rows, keys))
             counted.append((len(rows), *counts))
         if self.metrics is not None:
             self.metrics.record(time.perf_counter() - started, names, np.array(counted, np.int64).T.reshape(4, -1),

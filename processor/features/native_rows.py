@@ -6,7 +6,7 @@
   :meth:`~.dram_store.DramTable.lookup_reference`) stays the reference it is tested against
   (``tests/unit/features/test_native_rows.py``) and the fallback when the extension is not built.
 * :func:`table_set`: the same for a version's tables at once (a request's lookups), their arrays
-  taken once; :func:`lookup_many` for a one-off list.
+  taken once.
 * :func:`row_cache`: a native ``RowCache`` (CLOCK, thread-safe), or None when not built.
 
 ``AVAILABLE`` says whether the extension is there.
@@ -35,16 +35,9 @@ def table_set(tables: Sequence[Any]):
     """The native ``TableSet`` of :class:`~.dram_store.DramTable` s: ``.lookup([keys, ...])``
     gives (per table, float32 ``keys.shape + [dim]`` rows, all views of one 64-byte-aligned
     buffer; int64 ``[3, tables]``: 1, the ids and the ids absent, per table) in one call without
-    the GIL. Keys of any shape, int64 (others are converted). It holds the tables' arrays as they are now: build a new one after an
-    upsert. Thread-safe. Needs ``AVAILABLE``."""
+    the GIL. Keys of any shape, int64 (others are converted). It holds the tables' arrays as they
+    are now: build a new one after an upsert. Thread-safe. Needs ``AVAILABLE``."""
     return MODULE.TableSet([_table_args(t.index, t.values, t.default) for t in tables])
-
-
-def lookup_many(tables: Sequence[tuple[Any, np.ndarray]]) -> list[tuple[np.ndarray, int]]:
-    """:func:`lookup_rows` of several ``(DramTable, keys)`` in one native call (the GIL released
-    once): per table, (its rows, the number absent). Needs ``AVAILABLE``."""
-    rows, counts = table_set([t for t, _ in tables]).lookup([k for _, k in tables])
-    return list(zip(rows, counts[2].tolist()))
 
 
 def _table_args(index, values: np.ndarray, default: np.ndarray) -> tuple:

@@ -20,7 +20,7 @@ from .ev_checkpoint import TableSource
 from .key_layout import table_id
 from .progress import LoadProgress
 from .row_cache import HotRowCache
-from .rows import LookupStats, Narrowing, RowChunk, TableSpec
+from .rows import LookupStats, Narrowing, RowChunk, TableSpec, in_keys_shape
 
 
 class RedisVersionTables:
@@ -65,15 +65,15 @@ class RedisVersionTables:
         self.store.check_up()
         cache = self.cache
         parts, wanted = [], []
+        names = tuple(name for name, _ in requests)
         flats = [(name, np.ascontiguousarray(keys, np.int64).reshape(-1)) for name, keys in requests]
         if cache is not None:  # the cache first (one native call), on the ids as they come: no sort when all hit
-            outs, misses = cache.lookup_many(tuple(name for name, _ in requests), [flat for _, flat in flats])
+            outs, misses = cache.lookup_many(names, [flat for _, flat in flats])
             if not any(len(m) for m in misses):  # every id cached: nothing to fetch, no default served
                 sizes = [flat.size for _, flat in flats]
                 zeros = [0] * len(sizes)
-                self._count([name for name, _ in flats], np.array([sizes, zeros, sizes, zeros], np.int64), started,
-                            "redis_cache")
-                return [rows.reshape(np.shape(keys) + rows.shape[1:]) for rows, (_, keys) in zip(outs, requests)]
+                self._count(names, np.array([sizes, zeros, sizes, zeros], np.int64), started, "redis_cache")
+                return [in_keys_shape(rows, keys) for rows, (_, keys) in zip(outs, requests)]
         for k, (name, flat) in enumerate(flats):
             if cache is not None:
                 rows, miss = outs[k], misses[k]
@@ -99,20 +99,20 @@ class RedisVersionTables:
             elif rows is None:
                 rows = got
             defaults = int(np.count_nonzero(~present[inverse])) if not present.all() else 0
-            out.append(rows.reshape(np.shape(keys) + rows.shape[1:]))
+            out.append(in_keys_shape(rows, keys))
             missed = len(miss) if cache is not None else 0
             counts.append((size, defaults, size - missed if cache is not None else 0, missed))
-        self._count([name for name, _ in flats], np.array(counts, np.int64).T.reshape(4, -1), started,
+        self._count(names, np.array(counts, np.int64).T.reshape(4, -1), started,
                     "redis_cache" if cache is not None else "")
         return out
 
-    def _count(self, names: list[str], counts: np.ndarray, started: float, tier: str) -> None:
+    def _count(self, names: tuple[str, ...], counts: np.ndarray, started: float, tier: str) -> None:
         """A lookup's counters: int64 [4, tables]: ids, default vectors, cache hits, cache misses."""
         ids, defaults, hits, misses = counts.sum(axis=1).tolist()
         self.stats.add(ids, defaults)
         self.stats.extra["cache_hits"] += hits
         self.stats.extra["cache_misses"] += misses
-        self.store.metrics.record(time.perf_counter() - started, tuple(names), counts, tier)
+        self.store.metrics.record(time.perf_counter() - started, names, counts, tier)
 
     def _fetch(self, wanted: Sequence[tuple[str, np.ndarray]]) -> list[tuple[np.ndarray, np.ndarray]]:
         """For each (table, distinct ids): (float32 rows, the default vector where absent; present

@@ -116,3 +116,8 @@ def to_storage(spec: TableSpec, values: np.ndarray, narrowing: Narrowing | None)
         if finite.any():
             narrowing.max_abs_diff = max(narrowing.max_abs_diff, float(diff[finite].max()))
     return half
+
+
+def in_keys_shape(rows: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """``rows`` ``[keys.size, dim]`` as ``keys.shape + [dim]``: what a store's lookup returns."""
+    return rows.reshape(np.shape(keys) + rows.shape[1:])

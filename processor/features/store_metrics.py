@@ -2,8 +2,7 @@
 
 Filled on the request path by the version tables (one :meth:`StoreMetrics.record` per lookup
 call: a lock, a few integer adds and one numpy add for all its tables, no Prometheus call),
-read at scrape time
-by the server's collector (``server/metrics.py``) through
+read at scrape time by the server's collector (``server/metrics.py``) through
 :meth:`~processor.served_model.ServedModel.feature_store_metrics`. Counters only grow: a new
 version adds to the same per-table counters.
 
@@ -92,8 +91,8 @@ class StoreMetrics:
             self.redis_reconnects += reconnects
 
     def snapshot(self) -> dict[str, Any]:
-        """A copy (each counter as it was at some point of the call): ``store``, ``latency`` (cumulative ``buckets`` [(le, count)], ``sum``,
-        ``count``), ``tables`` {name: {ids, default_vectors, hits {tier: n}, misses {tier: n}}},
+        """A copy (each counter as it was at some point of the call): ``store``, ``latency``
+        (cumulative ``buckets`` [(le, count)], ``sum``, ``count``), ``tables`` {name: {ids, default_vectors, hits {tier: n}, misses {tier: n}}},
         ``redis_errors``, ``redis_reconnects``."""
         with self._lock:
             running, buckets = 0, []

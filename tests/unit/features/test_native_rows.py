@@ -57,7 +57,7 @@ def test_lookup_rows_equals_the_reference(dtype, identity):
         np.testing.assert_array_equal(got, want)  # the same widening of the same stored bits
 
 
-def test_lookup_many_equals_each_tables_reference():
+def test_a_table_set_equals_each_tables_reference():
     """Several tables in one call (what a request's lookups take): identity and hashed keys,
     float32 and float16 rows, int64 slots, an empty table, an empty request."""
     rng = np.random.default_rng(11)
@@ -75,7 +75,8 @@ def test_lookup_many_equals_each_tables_reference():
         tables.append(table)
         asked.append((table, _queries(rng, keys, 257) if n else np.array([1, 2], np.int64)))
     asked.append((tables[0], np.empty(0, np.int64)))
-    for (table, q), (rows, misses) in zip(asked, native_rows.lookup_many(asked)):
+    found, counts = native_rows.table_set([t for t, _ in asked]).lookup([q for _, q in asked])
+    for (table, q), rows, misses in zip(asked, found, counts[2].tolist()):
         want, want_misses = table.lookup_reference(q)
         assert rows.dtype == np.float32 and misses == want_misses
         np.testing.assert_array_equal(rows, want)
