@@ -56,11 +56,19 @@ def start_slow_requests(server, count: int) -> tuple[list, list[threading.Thread
     threads = [threading.Thread(target=send) for _ in range(count)]
     for t in threads:
         t.start()
+    # wait until every request is admitted (a request arriving after SIGTERM is refused) and some
+    # are still in flight: on a busy machine the first may finish before the last is admitted.
+    # Answers are counted before the gauge is read: the server lowers the gauge before it answers,
+    # so no request is counted twice
     deadline = time.monotonic() + 30
-    while in_flight(server) < count:  # all admitted: a request arriving after SIGTERM is refused
+    while True:
+        done = len(results)
+        flying = in_flight(server)
+        if done + flying >= count and flying >= 1:
+            return results, threads
+        assert done < count, "every slow request finished before one was seen in flight"
         assert time.monotonic() < deadline, "the slow requests never reached the server"
         time.sleep(0.01)
-    return results, threads
 
 
 def wait_draining(server, timeout: float = 15) -> None:

@@ -273,7 +273,7 @@ def test_sigterm_drains_the_requests_in_flight_in_every_worker(toy_model, tmp_pa
 
     server = ServerProcess({**drain_deployment(toy_model, 20.0), "workers": 2}, tmp_path).start(timeout=120)
     try:
-        results, threads = start_slow_requests(server, 6)  # waits until the summed gauge shows all 6
+        results, threads = start_slow_requests(server, 6)  # all 6 admitted (the summed gauge), some in flight
         server.terminate()
         for t in threads:
             t.join(60)
