@@ -23,10 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from . import native_rows
+from . import native_rows, shared_tables
 from .rows import LookupStats, Narrowing, RowChunk, TableSpec, in_keys_shape, to_storage
 from .hash_index import HashIndex
 from .progress import LoadProgress
+from .shared_tables import SharedTables
 from .store_metrics import StoreMetrics, TableCounts
 
 log = logging.getLogger("processor.features")
@@ -75,6 +76,32 @@ class DramTable:
         self.default = spec.default_vector()
         self.stats = LookupStats()
         self.narrowing = Narrowing() if spec.dtype != "float32" else None
+
+    @classmethod
+    def adopt(cls, spec: TableSpec, numbers: dict[str, Any], arrays: dict[str, np.ndarray]) -> DramTable:
+        """A table over :meth:`shared_arrays`' output (views of a shared-memory segment: see
+        :mod:`.shared_tables`), not copied; an upsert writes into them in place or, when the
+        table grows, replaces them with private arrays."""
+        table = cls(spec)
+        table.index = HashIndex.adopt(numbers["size"], numbers["identity"], arrays.get("keys"), arrays.get("slots"))
+        table.values = arrays["values"]
+        table.freqs, table.versions = arrays.get("freqs"), arrays.get("versions")
+        if table.narrowing is not None and "narrowing" in numbers:
+            table.narrowing.rows, table.narrowing.bytes_saved, table.narrowing.max_abs_diff = numbers["narrowing"]
+        return table
+
+    def shared_arrays(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """(the table's numbers, its arrays trimmed to its rows): what :meth:`adopt` takes."""
+        numbers, arrays = self.index.arrays()
+        n = self.index.size
+        arrays["values"] = self.values[:n]
+        for name in ("freqs", "versions"):
+            arr = getattr(self, name)
+            if arr is not None:
+                arrays[name] = arr[:n]
+        if self.narrowing is not None:
+            numbers["narrowing"] = [self.narrowing.rows, self.narrowing.bytes_saved, self.narrowing.max_abs_diff]
+        return numbers, arrays
 
     @property
     def size(self) -> int:
@@ -164,6 +191,9 @@ class LocalVersionTables:
         self.tier = tier
         self.progress: LoadProgress | None = None
         self.filtered: dict[str, int] = {}
+        # workers: the segment holding the tables (shared_tables), or why this worker has its own copy
+        self.shared: SharedTables | None = None
+        self.shared_note: str | None = None
         # DRAM tables only (not the SSD tier's): their lookups may go native all at once
         self._in_memory = all(type(t) is DramTable for t in tables.values())
         self._sets: dict[tuple[str, ...], Any] = {}  # native TableSets by table names (see _native_set)
@@ -229,8 +259,13 @@ class LocalVersionTables:
                 tables[name]["float16"] = table.narrowing.as_dict()
             if self.filtered.get(name):
                 tables[name]["filtered_ids"] = self.filtered[name]
-        return {"store": self.kind, "version": self.version, "tables": tables,
-                "load": self.progress.describe() if self.progress else None}
+        out = {"store": self.kind, "version": self.version, "tables": tables,
+               "load": self.progress.describe() if self.progress else None}
+        if self.shared is not None:
+            out["shared_memory"] = self.shared.describe()
+        elif self.shared_note is not None:
+            out["shared_memory"] = self.shared_note
+        return out
 
     def release(self) -> None:
         for table in self.tables.values():
@@ -238,6 +273,10 @@ class LocalVersionTables:
             if close is not None:
                 close()
         self.tables = {}
+        self._sets = {}
+        shared, self.shared = self.shared, None
+        if shared is not None:
+            shared.release()
 
 
 class DramStore:
@@ -250,6 +289,33 @@ class DramStore:
         self.metrics = StoreMetrics(self.kind)
 
     def open_version(self, version: str, specs: dict[str, TableSpec], source) -> LocalVersionTables:
+        """The version's tables, loaded from ``source``. In a worker process (``workers: N``) they
+        are loaded once for the server into a shared-memory segment that every worker maps
+        (:mod:`.shared_tables`)."""
+        name = shared_tables.version_name(self.kind, version, specs, source)
+        if name is None:
+            return self._load(version, specs, source)
+
+        built: list[LocalVersionTables] = []  # the builder's private copy, dropped once mapped
+
+        def build():
+            built.append(self._load(version, specs, source))
+            return built[0], {n: t.shared_arrays() for n, t in built[0].tables.items()}
+
+        def wrap(arrays, shared):
+            tables = {n: DramTable.adopt(specs[n], *arrays[n]) for n in specs}
+            vt = LocalVersionTables(self.kind, version, specs, tables, self.metrics)
+            vt.shared = shared
+            vt.progress = built.pop().progress if built else None
+            return vt
+
+        def own_copy(vt, error):
+            vt.shared_note = f"none: this worker holds its own copy ({error})"
+            return vt
+
+        return shared_tables.open_shared(name, build, wrap, own_copy)
+
+    def _load(self, version: str, specs: dict[str, TableSpec], source) -> LocalVersionTables:
         sizes = _row_counts(source, specs)
         tables = {name: DramTable(spec, sizes.get(name, 0)) for name, spec in specs.items()}
         vt = LocalVersionTables(self.kind, version, specs, tables, self.metrics)

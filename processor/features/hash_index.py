@@ -57,6 +57,26 @@ class HashIndex:
         self._keys = np.empty(0, np.int64)
         self._slots = np.empty(0, np.int32)
 
+    @classmethod
+    def adopt(cls, size: int, identity: bool, keys: np.ndarray, slots: np.ndarray) -> HashIndex:
+        """An index over existing arrays (:meth:`arrays`' output, e.g. views of a shared-memory
+        segment), taken as they are, not copied. A later insert writes into ``slots`` in place or
+        replaces the arrays with new ones when they must grow (``keys`` holds exactly ``size``
+        keys: the first new key grows it)."""
+        index = cls(size)
+        index.size = int(size)
+        index.identity = bool(identity)
+        if not identity:
+            index._keys, index._slots = keys, slots
+        return index
+
+    def arrays(self) -> tuple[dict[str, int | bool], dict[str, np.ndarray]]:
+        """(size and mode, the arrays that hold the index: the keys of its rows and the slots;
+        none in identity mode): what :meth:`adopt` takes back."""
+        if self.identity:
+            return {"size": self.size, "identity": True}, {}
+        return {"size": self.size, "identity": False}, {"keys": self._keys[: self.size], "slots": self._slots}
+
     # --- sizing -----------------------------------------------------------------------------
 
     @staticmethod
