@@ -64,6 +64,27 @@ def write_meta(table: Any, rows: np.ndarray, chunk: RowChunk, length: int) -> No
         arr[rows] = _as_u32(given)
 
 
+def index_and_meta(table: Any) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """A DRAM or DRAM+SSD table's index, freqs / versions (trimmed to its rows) and float16
+    narrowing counts, as :mod:`.shared_tables` publishes them (:func:`adopt_index_and_meta`)."""
+    numbers, arrays = table.index.arrays()
+    for name in ("freqs", "versions"):
+        arr = getattr(table, name)
+        if arr is not None:
+            arrays[name] = arr[: table.index.size]
+    if table.narrowing is not None:
+        numbers["narrowing"] = [table.narrowing.rows, table.narrowing.bytes_saved, table.narrowing.max_abs_diff]
+    return numbers, arrays
+
+
+def adopt_index_and_meta(table: Any, numbers: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+    """Give ``table`` the index and metadata :func:`index_and_meta` gave (arrays taken as they are)."""
+    table.index = HashIndex.adopt(numbers["size"], numbers["identity"], arrays.get("keys"), arrays.get("slots"))
+    table.freqs, table.versions = arrays.get("freqs"), arrays.get("versions")
+    if table.narrowing is not None and "narrowing" in numbers:
+        table.narrowing.rows, table.narrowing.bytes_saved, table.narrowing.max_abs_diff = numbers["narrowing"]
+
+
 class DramTable:
     """See the module doc. ``capacity`` pre-sizes for that many rows (bulk loads know it)."""
 
@@ -83,24 +104,14 @@ class DramTable:
         :mod:`.shared_tables`), not copied; an upsert writes into them in place or, when the
         table grows, replaces them with private arrays."""
         table = cls(spec)
-        table.index = HashIndex.adopt(numbers["size"], numbers["identity"], arrays.get("keys"), arrays.get("slots"))
+        adopt_index_and_meta(table, numbers, arrays)
         table.values = arrays["values"]
-        table.freqs, table.versions = arrays.get("freqs"), arrays.get("versions")
-        if table.narrowing is not None and "narrowing" in numbers:
-            table.narrowing.rows, table.narrowing.bytes_saved, table.narrowing.max_abs_diff = numbers["narrowing"]
         return table
 
     def shared_arrays(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """(the table's numbers, its arrays trimmed to its rows): what :meth:`adopt` takes."""
-        numbers, arrays = self.index.arrays()
-        n = self.index.size
-        arrays["values"] = self.values[:n]
-        for name in ("freqs", "versions"):
-            arr = getattr(self, name)
-            if arr is not None:
-                arrays[name] = arr[:n]
-        if self.narrowing is not None:
-            numbers["narrowing"] = [self.narrowing.rows, self.narrowing.bytes_saved, self.narrowing.max_abs_diff]
+        numbers, arrays = index_and_meta(self)
+        arrays["values"] = self.values[: self.index.size]
         return numbers, arrays
 
     @property

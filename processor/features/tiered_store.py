@@ -22,6 +22,7 @@ miss); upserts run while no lookup does (behind the update gate).
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import re
@@ -31,8 +32,10 @@ from typing import Any
 
 import numpy as np
 
+from .. import shared_segments
 from ..errors import ConfigError
-from .dram_store import LocalVersionTables, checked_values, write_meta
+from . import shared_tables
+from .dram_store import LocalVersionTables, adopt_index_and_meta, checked_values, index_and_meta, write_meta
 from .rows import LookupStats, Narrowing, RowChunk, TableSpec, to_storage
 from .hash_index import HashIndex
 from .store_metrics import StoreMetrics
@@ -45,10 +48,16 @@ class TieredTable:
     """See the module doc."""
 
     def __init__(self, spec: TableSpec, path: str, cache_rows: int, capacity: int = 0) -> None:
+        self._setup(spec, path, cache_rows, HashIndex(capacity), capacity)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        self._grow_file(max(capacity, 16))
+
+    def _setup(self, spec: TableSpec, path: str, cache_rows: int, index: HashIndex, rows: int) -> None:
         self.spec = spec
         self.path = path
         self.row_bytes = spec.storage.itemsize * spec.dim
-        self.index = HashIndex(capacity)
+        self.index = index
         self.default = spec.default_vector()
         self.stats = LookupStats(extra={"cache_hits": 0, "ssd_reads": 0})
         self.narrowing = Narrowing() if spec.dtype != "float32" else None
@@ -57,16 +66,41 @@ class TieredTable:
         self._cache_row = np.full(self.cache_rows, -1, np.int64)  # SSD row held by each slot
         self._ref = np.zeros(self.cache_rows, np.uint8)
         self._hand = 0
-        self._slot_of = np.full(max(capacity, 16), -1, np.int32)  # SSD row -> cache slot
+        self._slot_of = np.full(max(rows, 16), -1, np.int32)  # SSD row -> cache slot
         self.freqs: np.ndarray | None = None
         self.versions: np.ndarray | None = None
         self._lock = threading.Lock()
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         self._file_rows = 0
         self._map: mmap.mmap | None = None
         self._rows_view: np.ndarray | None = None
-        self._grow_file(max(capacity, 16))
+        # over a file another worker wrote (see shared_file): rows added past its end
+        self._added: np.ndarray | None = None
+
+    @classmethod
+    def shared_file(cls, spec: TableSpec, path: str, cache_rows: int, numbers: dict[str, Any],
+                    arrays: dict[str, np.ndarray]) -> TieredTable:
+        """A table over the rows file the first worker of this server wrote (``workers: N``;
+        :meth:`TieredStore.open_version`), with the index and metadata :func:`index_and_meta`
+        gave (views of a shared segment). The file is mapped privately (copy-on-write): a delta
+        writes this worker's own copies of the pages it touches, rows it adds past the file's
+        end are held in DRAM, and the file never changes. Its DRAM cache is this worker's own."""
+        table = cls.__new__(cls)
+        rows = os.path.getsize(path) // (spec.storage.itemsize * spec.dim)
+        table._setup(spec, path, cache_rows, HashIndex(), rows)
+        adopt_index_and_meta(table, numbers, arrays)
+        table._fd = os.open(path, os.O_RDONLY)
+        table._map = mmap.mmap(table._fd, rows * table.row_bytes, flags=mmap.MAP_PRIVATE,
+                               prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        if hasattr(table._map, "madvise"):
+            table._map.madvise(mmap.MADV_RANDOM)
+        table._rows_view = np.frombuffer(table._map, spec.storage).reshape(rows, spec.dim)
+        table._file_rows = rows
+        table._added = np.empty((0, spec.dim), spec.storage)
+        return table
+
+    def shared_arrays(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """What :meth:`shared_file` takes besides the file: the index and metadata."""
+        return index_and_meta(self)
 
     @property
     def size(self) -> int:
@@ -74,8 +108,25 @@ class TieredTable:
 
     # --- file -------------------------------------------------------------------------------
 
+    @property
+    def _row_capacity(self) -> int:
+        return self._file_rows + (len(self._added) if self._added is not None else 0)
+
+    def _grow_slot_of(self, rows: int) -> None:
+        if len(self._slot_of) < rows:
+            grown = np.full(rows, -1, np.int32)
+            grown[: len(self._slot_of)] = self._slot_of
+            self._slot_of = grown
+
     def _grow_file(self, rows: int) -> None:
-        if rows <= self._file_rows:
+        if rows <= self._row_capacity:
+            return
+        if self._added is not None:  # a shared file: added rows go to DRAM
+            rows = max(rows, int(self._row_capacity * 1.5) + 16)
+            grown = np.empty((rows - self._file_rows, self.spec.dim), self._added.dtype)
+            grown[: len(self._added)] = self._added
+            self._added = grown
+            self._grow_slot_of(rows)
             return
         rows = max(rows, int(self._file_rows * 1.5) + 16)
         os.ftruncate(self._fd, rows * self.row_bytes)
@@ -87,13 +138,16 @@ class TieredTable:
             self._map.madvise(mmap.MADV_RANDOM)
         self._rows_view = np.frombuffer(self._map, self.spec.storage).reshape(rows, self.spec.dim)
         self._file_rows = rows
-        if len(self._slot_of) < rows:
-            grown = np.full(rows, -1, np.int32)
-            grown[: len(self._slot_of)] = self._slot_of
-            self._slot_of = grown
+        self._grow_slot_of(rows)
 
     def _write_rows(self, rows: np.ndarray, values: np.ndarray) -> None:
-        """Write rows to the file: contiguous runs with one pwrite each."""
+        """Write rows to the file: contiguous runs with one pwrite each (a shared file: into
+        this worker's private mapping and added rows)."""
+        if self._added is not None:
+            inside = rows < self._file_rows
+            self._rows_view[rows[inside]] = values[inside]
+            self._added[rows[~inside] - self._file_rows] = values[~inside]
+            return
         order = np.argsort(rows, kind="stable")
         rows, values = rows[order], np.ascontiguousarray(values[order])
         breaks = np.flatnonzero(np.diff(rows) != 1) + 1
@@ -136,7 +190,7 @@ class TieredTable:
             self._ref[hs] = 1
         miss_rows = rows[~hit]
         if miss_rows.size:
-            data = self._rows_view[miss_rows]  # sorted rows: the reads go forward through the file
+            data = self._read(miss_rows)
             out[~hit] = data
             victims = self._victims(min(miss_rows.size, self.cache_rows))
             cached = miss_rows[: victims.size]
@@ -148,6 +202,16 @@ class TieredTable:
         self.stats.extra["cache_hits"] += hits
         self.stats.extra["ssd_reads"] += int(miss_rows.size)
         return out, hits
+
+    def _read(self, rows: np.ndarray) -> np.ndarray:
+        """Rows (sorted: the reads go forward through the file) from the file, or added ones."""
+        if self._added is None or rows[-1] < self._file_rows:
+            return self._rows_view[rows]
+        out = np.empty((len(rows), self.spec.dim), self._added.dtype)
+        inside = rows < self._file_rows
+        out[inside] = self._rows_view[rows[inside]]
+        out[~inside] = self._added[rows[~inside] - self._file_rows]
+        return out
 
     def _victims(self, m: int) -> np.ndarray:
         """``m`` cache slots to reuse, by CLOCK; their old rows leave the cache."""
@@ -186,16 +250,21 @@ class TieredTable:
             cached = slots >= 0
             if cached.any():
                 self._cache[slots[cached]] = values[cached]
-        write_meta(self, rows, chunk, self._file_rows)
+        write_meta(self, rows, chunk, self._row_capacity)
         return new
 
     def nbytes(self) -> dict[str, int]:
         meta = sum(a.nbytes for a in (self.freqs, self.versions) if a is not None)
-        return {"dram_cache": int(self._cache.nbytes + self._cache_row.nbytes + self._ref.nbytes),
-                "index": self.index.nbytes + int(self._slot_of.nbytes), "metadata": int(meta),
-                "ssd": int(self.index.size * self.row_bytes)}
+        out = {"dram_cache": int(self._cache.nbytes + self._cache_row.nbytes + self._ref.nbytes),
+               "index": self.index.nbytes + int(self._slot_of.nbytes), "metadata": int(meta),
+               "ssd": int(min(self.index.size, self._file_rows) * self.row_bytes)}
+        if self._added is not None:
+            out["dram_added_rows"] = int(self._added.nbytes)
+        return out
 
-    def close(self) -> None:
+    def close(self, remove_file: bool = True) -> None:
+        """Unmap and close the file; remove it unless ``remove_file`` is False (a file the
+        first worker wrote for all: :class:`~.shared_tables.SharedTables` removes it)."""
         self._rows_view = None
         if self._map is not None:
             try:
@@ -206,10 +275,9 @@ class TieredTable:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        if remove_file and self._added is None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
 
 
 def _safe(name: str) -> str:
@@ -236,17 +304,65 @@ class TieredStore:
                    sizes[1] if len(sizes) > 1 else None, config.embedding_dtype)
 
     def open_version(self, version: str, specs: dict[str, TableSpec], source) -> LocalVersionTables:
-        directory = os.path.join(self.root, _safe(version))
+        """The version's tables, loaded from ``source`` into files under ``<root>/<version>``.
+
+        In a worker process (``workers: N``) the first worker of the server writes the files, in
+        ``<root>/<segment name>``, and publishes the key indexes in a shared-memory segment, under
+        the segment's lock (:mod:`.shared_tables`); the others wait for it and reuse both (the
+        segment is the mark that the files are complete). Each worker keeps its own DRAM caches.
+        The last worker's release removes the files with the segment."""
         total_bytes = sum(max(s.rows, 1) * s.storage.itemsize * s.dim for s in specs.values())
         if self.ssd_bytes is not None and total_bytes > self.ssd_bytes:
             raise ConfigError(f"ev_storage_size: version {version} needs {total_bytes} bytes of SSD, "
                               f"the limit is {self.ssd_bytes}")
-        tables = {}
+        name = shared_tables.version_name(self.kind, version, specs, source, self.root)
+        if name is None:
+            return self._load(version, specs, source, os.path.join(self.root, _safe(version)), total_bytes)
+        directory = os.path.join(self.root, name)
+        built: list[LocalVersionTables] = []
+        failed: list[OSError] = []
+
+        def build():
+            shutil.rmtree(directory, ignore_errors=True)  # files of a server that was stopped hard
+            built.append(self._load(version, specs, source, directory, total_bytes))
+            return built[0], {n: t.shared_arrays() for n, t in built[0].tables.items()}
+
+        def wrap(arrays, shared):
+            progress = None
+            if built:  # the builder's tables: closed, their files kept for every worker
+                for table in built[0].tables.values():
+                    table.close(remove_file=False)
+                progress = built.pop().progress
+            tables = {n: TieredTable.shared_file(specs[n], path, cache, *arrays[n])
+                      for n, (path, cache) in self._files(directory, specs, total_bytes).items()}
+            vt = LocalVersionTables(self.kind, version, specs, tables, self.metrics, tier="dram_cache")
+            vt.shared, vt.progress = shared, progress
+            return vt
+
+        def own_copy(vt, error):
+            vt.release()  # its files are where another worker would write: removed under the lock
+            failed.append(error)
+
+        vt = shared_tables.open_shared(name, build, wrap, own_copy, directory)
+        if vt is None:
+            vt = self._load(version, specs, source, os.path.join(self.root, f"{_safe(version)}.{os.getpid()}"),
+                            total_bytes)
+            vt.shared_note = f"none: this worker holds its own files and index ({failed[0]})"
+        return vt
+
+    def _files(self, directory: str, specs: dict[str, TableSpec], total_bytes: int) -> dict[str, tuple[str, int]]:
+        """Each table's rows file and DRAM cache rows (its share of the budget by bytes)."""
+        out = {}
         for i, (name, spec) in enumerate(sorted(specs.items())):
             row_bytes = spec.storage.itemsize * spec.dim
             share = self.dram_bytes * (max(spec.rows, 1) * row_bytes) / max(total_bytes, 1)
-            tables[name] = TieredTable(spec, os.path.join(directory, f"{i}.rows"), int(share // row_bytes),
-                                       spec.rows)
+            out[name] = (os.path.join(directory, f"{i}.rows"), int(share // row_bytes))
+        return out
+
+    def _load(self, version: str, specs: dict[str, TableSpec], source, directory: str,
+              total_bytes: int) -> LocalVersionTables:
+        tables = {name: TieredTable(specs[name], path, cache, specs[name].rows)
+                  for name, (path, cache) in self._files(directory, specs, total_bytes).items()}
         vt = LocalVersionTables(self.kind, version, specs, tables, self.metrics, tier="dram_cache")
         try:
             vt.load(source)
@@ -260,4 +376,8 @@ class TieredStore:
                 "embedding_dtype": self.dtype}
 
     def close(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
+        if shared_segments.active() is None:
+            shutil.rmtree(self.root, ignore_errors=True)
+            return
+        with contextlib.suppress(OSError):  # workers: the others may still use files in it
+            os.rmdir(self.root)

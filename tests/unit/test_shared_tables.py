@@ -169,3 +169,63 @@ def test_a_full_shm_leaves_the_worker_its_own_copy(worker, checkpoint, monkeypat
     assert "could not write the tables segment" in caplog.text
     np.testing.assert_array_equal(vt.lookup([("ev", tensors["ev-keys"][:4])])[0], tensors["ev-values"][:4])
     assert segment_files(worker) == []
+
+
+def tiered(root, dtype="float32") -> TieredStore:
+    return TieredStore(str(root), dram_bytes=ROWS * DIM * 4 // 8, dtype=dtype)  # caches: 1/8 of the rows
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_dram_ssd_files_written_once_and_the_index_shared(worker, checkpoint, tmp_path, monkeypatch, dtype):
+    prefix, tensors = checkpoint
+    store = tiered(tmp_path / "ssd", dtype)
+    first = store.open_version("run-10", specs(dtype), TableSource(prefix))
+    files = sorted(p for p in (tmp_path / "ssd").rglob("*.rows"))
+    stamps = [(p.stat().st_ino, p.stat().st_mtime_ns) for p in files]
+    second = tiered(tmp_path / "ssd", dtype).open_version("run-10", specs(dtype), TableSource(prefix))
+    assert len(files) == 2 and [(p.stat().st_ino, p.stat().st_mtime_ns) for p in files] == stamps  # reused
+    assert first.shared.segment.created and not second.shared.segment.created
+    assert second.describe()["shared_memory"]["files"] == str(files[0].parent)
+    for vt in (first, second):
+        ev = vt.tables["ev"]
+        for arr in (ev.index._keys, ev.index._slots, ev.freqs, ev.versions):
+            assert shares_memory(arr, vt.shared.segment)
+    assert not np.shares_memory(first.tables["ev"]._cache, second.tables["ev"]._cache)  # a cache per worker
+
+    monkeypatch.setattr(shared_segments, "_active", None)
+    private = tiered(tmp_path / "private", dtype).open_version("run-10", specs(dtype), TableSource(prefix))
+    expected = private.lookup(queries(tensors))
+    for _ in range(2):  # misses, then cache hits
+        for vt in (first, second):
+            for got, want in zip(vt.lookup(queries(tensors)), expected):
+                np.testing.assert_array_equal(got, want)
+    private.release()
+
+
+def test_dram_ssd_delta_stays_in_its_worker_and_the_last_release_removes_the_files(worker, checkpoint, tmp_path):
+    prefix, tensors = checkpoint
+    first = tiered(tmp_path / "ssd").open_version("run-10", specs("float32"), TableSource(prefix))
+    second = tiered(tmp_path / "ssd").open_version("run-10", specs("float32"), TableSource(prefix))
+    q = queries(tensors)
+    before = [r.copy() for r in second.lookup(q)]
+    files = sorted((tmp_path / "ssd").rglob("*.rows"))
+    on_disk = [p.read_bytes() for p in files]
+    keys = np.concatenate([tensors["ev-keys"][:3], np.arange(10**12, 10**12 + 40, dtype=np.int64)])
+    first.apply_delta({"ev": RowChunk(keys, np.full((len(keys), DIM), 9.0, np.float32), np.full(len(keys), 3))},
+                      step=11)
+    np.testing.assert_array_equal(first.lookup([("ev", keys)])[0], 9.0)
+    ev = first.tables["ev"]
+    assert (ev.freqs[ev.index.find(keys)] == 3).all()
+    for got, want in zip(second.lookup(q), before):
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(second.lookup([("ev", keys)])[0][3:], 0.0)
+    assert [p.read_bytes() for p in files] == on_disk  # the files never change
+    assert first.describe()["tables"]["ev"]["bytes"]["dram_added_rows"] > 0
+
+    directory = files[0].parent
+    first.release()
+    assert directory.exists() and second.shared.segment.path.exists()
+    second.release()
+    assert not directory.exists() and segment_files(worker) == []
+    tiered(tmp_path / "ssd").close()  # a worker's close leaves what others may use; here nothing is left
+    assert not (tmp_path / "ssd").exists()
