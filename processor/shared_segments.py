@@ -20,10 +20,10 @@ Creation and release are serialized by the server's ``.create`` lock, so no segm
 between another process opening it and taking its shared lock. Unlinking a mapped file is safe:
 its pages live until the last mapping goes.
 
-Mappings are private (``MAP_PRIVATE``): pages nobody writes are the shared ones; a process that
-writes (an ONNX delta applied in place) gets its own copy of each page it writes, so a write in
-one worker is never seen half-done by another (each worker applies every delta itself, under its
-own update gate). Thread-safe; :func:`enable` once per process, before any segment is opened.
+Mappings: ``MAP_SHARED`` where the owner writes once for every process, under a cross-process
+gate (:mod:`processor.engine.shared_update_gate`: ONNX deltas on the host); ``MAP_PRIVATE``
+otherwise (pages nobody writes are the shared ones; a process that writes gets its own copy of
+each page it writes). Thread-safe; :func:`enable` once per process, before any segment is opened.
 """
 
 from __future__ import annotations
@@ -145,23 +145,25 @@ def clean_stale(directory: str | os.PathLike) -> list[str]:
 
 
 class Segment:
-    """One segment mapped into this process (private, writable mapping; see the module doc).
+    """One segment mapped into this process (writable; see the module doc for the two mappings).
 
     :meth:`open` maps ``name`` of this server, creating it first with ``fill(path)`` (which
-    writes ``size`` bytes to ``path``) if no worker has. ``created`` says which happened.
+    writes ``size`` bytes to ``path``) if no worker has. ``created`` says which happened;
+    :attr:`fd` is this process's own descriptor of the file (open until :meth:`release`).
     :meth:`release` once the mapping's users are gone (the arrays over :attr:`buffer` may live
     on: the mapping stays valid until they are collected).
     """
 
-    def __init__(self, path: Path, fd: int, buffer: mmap.mmap, created: bool) -> None:
+    def __init__(self, path: Path, fd: int, buffer: mmap.mmap, created: bool, shared_writes: bool) -> None:
         self.path = path
+        self.shared_writes = shared_writes
         self._fd: int | None = fd
         self.buffer = buffer
         self.created = created
         self.size = len(buffer)
 
     @classmethod
-    def open(cls, name: str, size: int, fill: Callable[[Path], None]) -> Segment:
+    def open(cls, name: str, size: int, fill: Callable[[Path], None], shared_writes: bool = False) -> Segment:
         if _active is None:
             raise RuntimeError("shared segments are off in this process (not a worker)")
         server_id, directory = _active
@@ -181,12 +183,18 @@ class Segment:
             fd = os.open(path, os.O_RDWR)
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH)
-                buffer = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE,
+                buffer = mmap.mmap(fd, size, flags=mmap.MAP_SHARED if shared_writes else mmap.MAP_PRIVATE,
                                    prot=mmap.PROT_READ | mmap.PROT_WRITE)
             except BaseException:
                 os.close(fd)
                 raise
-        return cls(path, fd, buffer, created)
+        return cls(path, fd, buffer, created, shared_writes)
+
+    @property
+    def fd(self) -> int:
+        if self._fd is None:
+            raise ValueError(f"{self.path} is released")
+        return self._fd
 
     def release(self) -> None:
         """Give up this process's use; the last user unlinks the file. Idempotent."""
@@ -208,4 +216,6 @@ class Segment:
 
     def describe(self) -> dict:
         return {"path": str(self.path), "mib": round(self.size / 2**20, 1),
-                "created_here": self.created, "mapping": "private (copy-on-write for deltas)"}
+                "created_here": self.created,
+                "mapping": ("shared (deltas written once, for every worker)" if self.shared_writes
+                            else "private (copy-on-write for deltas)")}

@@ -142,3 +142,15 @@ def load_model() -> Iterator[Callable[[Path], LoadedModel]]:
         model.close()
 
 
+
+
+@pytest.fixture
+def shm_worker(tmp_path, monkeypatch) -> Iterator[Path]:
+    """This process as a worker of server id 424242 (processor.shared_segments) with its
+    segments in ``tmp_path``, which it yields; not a worker again afterwards."""
+    from processor import shared_segments
+
+    monkeypatch.setattr(shared_segments, "_active", None)
+    shared_segments.enable("424242", tmp_path)
+    yield tmp_path
+    monkeypatch.setattr(shared_segments, "_active", None)

@@ -32,6 +32,7 @@ from ..signature import Signature
 if TYPE_CHECKING:
     from ..tracing.events import EngineTrace
     from ..wire_codec import WireCodec
+    from .update_gate import UpdateGate
 
 
 class Backend(Protocol):
@@ -68,6 +69,11 @@ class Backend(Protocol):
 
     def apply_delta(self, delta: Delta) -> None:
         """Write a checked delta into the weights all lanes share. Called with no run in flight."""
+        ...
+
+    def update_gate(self) -> UpdateGate:
+        """A new gate for the group over this backend: an :class:`UpdateGate`, or one that
+        holds other processes' runs too where they read the weights this one writes."""
         ...
 
     def wire_server(self, codec: WireCodec) -> Callable[[int, bytes | memoryview], bytes | None] | None:

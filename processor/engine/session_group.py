@@ -52,7 +52,7 @@ class SessionGroup:
         self.version = version
         self.load_seconds = load_seconds
         self._policy = LanePolicy(policy, backend.lanes)
-        self._gate = UpdateGate()
+        self._gate = backend.update_gate()  # across worker processes where they share the weights
         self.codec = WireCodec(backend.signature, backend.fingerprinted_inputs)
         self._wire_server = backend.wire_server(self.codec)
         self.splitter = splitter
@@ -188,8 +188,9 @@ class SessionGroup:
     def apply_delta(self, delta: Delta, version: ModelVersion) -> float:
         """Write a checked delta into the live weights; return the seconds requests were held."""
         started = time.monotonic()
-        with self._gate.exclusive():
-            self.backend.apply_delta(delta)
+        gate = self._gate
+        with gate.exclusive():
+            gate.apply(delta.step, lambda: self.backend.apply_delta(delta))  # skipped if another worker wrote it
             self.version = version
         return time.monotonic() - started
 

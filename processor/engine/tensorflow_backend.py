@@ -32,6 +32,7 @@ from ..features.ev_checkpoint import StoreDelta, TableSource, read_store_delta
 from ..store.model_version import ModelVersion
 from . import device_plan, embedding_lookup, lane_graphs, op_libraries, pinning
 from .tf_signature import SERVE_TAGS, signature_from_def
+from .update_gate import UpdateGate
 from .tf_variables import VariableUpdater, check_outputs_restored, restored_variables
 
 _TRACE_LOCK = threading.Lock()  # FULL_TRACE runs: one profiling session per process
@@ -317,6 +318,10 @@ class TensorFlowBackend:
                 self._updater.apply(Delta(delta.step, dense=delta.dense))
             return
         self._updater.apply(delta)
+
+    def update_gate(self) -> UpdateGate:
+        """This process's gate: its weights (TensorFlow's variables, DRAM store rows) are its own."""
+        return UpdateGate()
 
     def read_delta(self, prefix: str, step: int) -> Delta:
         """Read and check a delta against this model (store-served tables take their own keys)."""

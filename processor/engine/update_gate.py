@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 
 class UpdateGate:
@@ -65,3 +65,9 @@ class UpdateGate:
             with self._cond:
                 self._writer = False
                 self._cond.notify_all()
+
+    def apply(self, step: int, write: Callable[[], None]) -> bool:
+        """Under :meth:`exclusive`: ``write()`` delta ``step``; returns True (it wrote). The
+        cross-process gate (:mod:`.shared_update_gate`) skips a delta another process wrote."""
+        write()
+        return True

@@ -190,9 +190,11 @@ def admin(server, method: str, path: str, body: dict | None = None) -> dict:
 
 @pytest.mark.timeout(600)
 def test_full_update_and_admin_pin_reach_every_worker_under_load(tmp_path):
-    """A new full version, a delta (applied by each worker to its own copy-on-write pages), a pin
-    and an unpin with 2 workers while requests keep coming: no request fails, every answer is
-    one published version's, every worker ends on the same one."""
+    """A new full version, a delta (written once into the shared parameters, for both workers),
+    a pin and an unpin with 2 workers while requests keep coming: no request fails, every answer
+    is one published version's, every worker serves a new version within poll + 2 s (a delta: of
+    its publication; a full version, which the first worker converts: of the first worker
+    serving it), every worker ends on the same one."""
     import threading
 
     from conftest import model_config
@@ -200,8 +202,9 @@ def test_full_update_and_admin_pin_reach_every_worker_under_load(tmp_path):
     from unit.features.helpers import publish_delta
     from tools.server_process import ServerProcess
 
+    poll = 1
     paths = build_toy_model(tmp_path / "toy")
-    config = model_config(paths, backend="onnxruntime", file_system_poll_wait_seconds=1)
+    config = model_config(paths, backend="onnxruntime", file_system_poll_wait_seconds=poll)
     dep = {"models": [{"name": "toy", "model_config": config}], "workers": 2, "admin_token": ADMIN_TOKEN,
            "access_log": False, "drain_timeout_seconds": 10}
     with ServerProcess(dep, tmp_path / "server") as server:
@@ -221,9 +224,12 @@ def test_full_update_and_admin_pin_reach_every_worker_under_load(tmp_path):
         thread.start()
         try:
             write_toy_checkpoint(paths.run_dir, 2, 1.5, 4.0)  # y = 1.5 x + 4
-            assert wait_for(lambda: every_worker_answers(server, 5.5), 120), "not every worker took step 2"
+            assert wait_for(lambda: abs(toy_y(server) - 5.5) < 1e-5, 120), "no worker took step 2"
+            time.sleep(poll + 2)
+            assert every_worker_answers(server, 5.5), "a worker took step 2 more than poll + 2 s after the first"
             publish_delta(paths.run_dir, 3, {"a": np.array(2.0, np.float32)})  # y = 2 x + 4, in place
-            assert wait_for(lambda: every_worker_answers(server, 6.0), 120), "not every worker took delta 3"
+            time.sleep(poll + 2)
+            assert every_worker_answers(server, 6.0), "a worker took delta 3 more than poll + 2 s after it"
             assert admin(server, "PUT", "/admin/models/toy/pin", {"version": 1})["pinned"]
             assert wait_for(lambda: every_worker_answers(server, 2.5), 120), "the pin did not reach every worker"
             admin(server, "DELETE", "/admin/models/toy/pin")
@@ -233,6 +239,11 @@ def test_full_update_and_admin_pin_reach_every_worker_under_load(tmp_path):
             thread.join(60)
         assert not failures, failures[:3]
         assert answers and set(np.round(answers, 4)) <= {2.5, 5.5, 6.0}
+        # delta 3 was written once per segment: one worker wrote it, the other found it there; at
+        # the unpin again when the pin had let the segment go (else both found it)
+        events = [line for line in server.log().splitlines() if "delta 3: " in line]
+        assert len(events) == 4, events
+        assert sum("written into" in e for e in events[:2]) == 1 and sum("written into" in e for e in events[2:]) <= 1, events
         # a worker that starts now replays the pin: pin again, kill one, the new one serves step 1
         admin(server, "PUT", "/admin/models/toy/pin", {"version": 1})
         assert wait_for(lambda: every_worker_answers(server, 2.5), 120)

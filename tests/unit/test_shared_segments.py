@@ -17,20 +17,11 @@ from processor.deployment import DeploymentConfig
 from processor.errors import ConfigError
 
 
-@pytest.fixture
-def worker(tmp_path, monkeypatch):
-    """This process as a worker of server id 424242 with segments in ``tmp_path``."""
-    monkeypatch.setattr(shared_segments, "_active", None)
-    shared_segments.enable("424242", tmp_path)
-    yield tmp_path
-    monkeypatch.setattr(shared_segments, "_active", None)
-
-
 def fill_with(values: np.ndarray):
     return lambda path: Path(path).write_bytes(values.tobytes())
 
 
-def test_created_once_mapped_again_and_removed_by_the_last_user(worker):
+def test_created_once_mapped_again_and_removed_by_the_last_user(shm_worker):
     values = np.arange(4096, dtype=np.float32)
     first = shared_segments.Segment.open("entry.weights", values.nbytes, fill_with(values))
     second = shared_segments.Segment.open("entry.weights", values.nbytes,
@@ -48,14 +39,14 @@ def test_created_once_mapped_again_and_removed_by_the_last_user(worker):
     assert not first.path.exists()
 
 
-def test_a_fill_that_fails_leaves_nothing(worker):
+def test_a_fill_that_fails_leaves_nothing(shm_worker):
     def broken(path):
         Path(path).write_bytes(b"x")
         raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
         shared_segments.Segment.open("bad.weights", 4096, broken)
-    assert not [p for p in worker.iterdir() if "bad" in p.name]
+    assert not [p for p in shm_worker.iterdir() if "bad" in p.name]
     with pytest.raises(OSError, match="expected 4096"):
         shared_segments.Segment.open("short.weights", 4096, lambda path: Path(path).write_bytes(b"x"))
 
@@ -115,7 +106,7 @@ def test_workers_defaults_to_one_process():
     assert dep.workers == 1
 
 
-def test_a_worker_names_its_timelines_with_its_pid(worker):
+def test_a_worker_names_its_timelines_with_its_pid(shm_worker):
     from processor.tracing.tracer import _file_name
 
-    assert _file_name(str(worker)).startswith(f"timeline-{os.getpid()}-")
+    assert _file_name(str(shm_worker)).startswith(f"timeline-{os.getpid()}-")

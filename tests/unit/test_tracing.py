@@ -232,6 +232,7 @@ def test_closed_tracer_drops(tmp_path):
 
 def test_session_group_runs_untraced_when_the_engine_cannot_trace():
     from processor.engine.session_group import SessionGroup
+    from processor.engine.update_gate import UpdateGate
     from processor.signature import Signature
 
     class Engine:
@@ -241,6 +242,9 @@ def test_session_group_runs_untraced_when_the_engine_cannot_trace():
 
         def wire_server(self, codec):
             return None
+
+        def update_gate(self):
+            return UpdateGate()
 
         def run(self, lane, feeds, fetches):
             return [f"lane {lane}"]

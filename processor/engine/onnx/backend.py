@@ -75,6 +75,8 @@ from ...errors import ConfigError, Internal, InvalidArgument
 from ... import shared_segments
 from ...store.model_version import ModelVersion
 from .. import device_plan, pinning
+from ..shared_update_gate import SharedUpdateGate
+from ..update_gate import UpdateGate
 from ..string_hash import fingerprint
 from . import native_engine, placement, profile
 from .convert import prepare
@@ -104,6 +106,7 @@ class OnnxRuntimeBackend:
         self._engine = None
         self._parameters: Parameters | None = None
         self._segment = None
+        self._shared_gate: SharedUpdateGate | None = None
         self._profile_dir: str | None = None
 
     @classmethod
@@ -156,8 +159,11 @@ class OnnxRuntimeBackend:
         params = None
         if shared_segments.active() is not None:
             try:
-                params, self._segment = map_parameters(self._prepared.directory,
-                                                       self._prepared.manifest["parameters"])
+                # CPU lanes: a delta written once for every worker; GPU lanes keep private
+                # device copies a write in another worker never reaches, so each worker writes its own
+                params, self._segment, self._shared_gate = map_parameters(
+                    self._prepared.directory, self._prepared.manifest["parameters"],
+                    shared_writes=not plan.on_gpu, delta_step=version.delta_step)
             except OSError as exc:  # /dev/shm full (Docker's 64 MB default): a private copy still serves
                 log.warning("parameters of %s not in shared memory (%s): this worker holds its own copy",
                             self._prepared.directory.name, exc)
@@ -440,6 +446,11 @@ class OnnxRuntimeBackend:
                 raise ValueError(f"{name}: row ids outside [0, {shape[0]})")
             self._parameters.write(key, values, rows)
 
+    def update_gate(self) -> UpdateGate:
+        """The group's gate: across processes where the parameters are a segment every worker
+        writes (:mod:`..shared_update_gate`), else this process's."""
+        return self._shared_gate if self._shared_gate is not None else UpdateGate()
+
     def read_delta(self, prefix: str, step: int) -> Delta:
         """Read and check a delta against the model's parameters."""
         return read_delta(prefix, step, self.variables)
@@ -484,7 +495,9 @@ class OnnxRuntimeBackend:
             "weights": (f"one copy of {len(self._parameters.names())} parameters per place, in buffers the "
                         f"processor owns, shared by all sessions there (add_initializer over DLPack, no copy)"),
             "parameter_buffers": self._parameters.describe(),
-            "shared_memory": (self._segment.describe() if self._segment is not None else
+            "shared_memory": ({**self._segment.describe(),
+                               **(self._shared_gate.state() if self._shared_gate is not None else {})}
+                              if self._segment is not None else
                               "none: one server process (workers 1), or nothing to share"),
             "device_placement": {**self._placement.report, "tables": self._table_places()},
             "threads": ({"mode": "per-session pools", "intra_op_num_threads": config.intra_op_parallelism_threads,

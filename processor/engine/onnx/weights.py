@@ -7,6 +7,7 @@ TF variable it holds (if any). Functions only; thread-safe.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -67,23 +68,58 @@ def read_parameters(directory: Path, table: dict[str, Any]) -> dict[str, np.ndar
     return out
 
 
-def map_parameters(directory: Path, table: dict[str, Any]):
+GENERATIONS = 8  # segments of one cache entry at most (see map_parameters)
+
+
+def map_parameters(directory: Path, table: dict[str, Any], *, shared_writes: bool, delta_step: int):
     """The parameters of ``table`` as arrays over a shared-memory segment (workers > 1).
 
     The first worker copies ``directory/weights.bin`` into the segment named after the cache
     entry; the others map it (:class:`processor.shared_segments.Segment`): one copy in memory
-    for every worker. Returns ``(arrays, segment)``; the caller releases the segment once its
-    sessions are gone. The arrays are writable (private pages for what a delta writes).
+    for every worker. A state page follows the data (:mod:`..shared_update_gate`).
+
+    ``shared_writes``: the mapping is shared and a delta is written once, for every worker,
+    under the returned :class:`~..shared_update_gate.SharedUpdateGate`. The segment may then
+    hold deltas already: the version loading (``delta_step``, -1 for the bare full) applies the
+    ones after them. A segment holding a newer delta than ``delta_step`` (workers serving a
+    newer delta of this full while this one loads an older version: a pin, a rollback) is not
+    used; the next generation of the entry is (``<entry>.weights.1`` ...). Without
+    ``shared_writes`` the mapping is private: each worker's deltas go to its own copy-on-write
+    pages, and no gate is returned.
+
+    Returns ``(arrays, segment, gate)``; the caller releases the segment once its sessions are
+    gone. OSError when no segment can be had (``/dev/shm`` full, every generation ahead).
     """
     import shutil
 
     from ...shared_segments import Segment
+    from ..shared_update_gate import APPLIED, DIRTY, STATE_BYTES, SharedUpdateGate, state_words
 
     source = directory / "weights.bin"
     size = source.stat().st_size
     if not size:  # nothing to share (a graph whose constants all stay inside it)
-        return read_parameters(directory, table), None
-    segment = Segment.open(f"{directory.name}.weights", size, lambda path: shutil.copyfile(source, path))
+        return read_parameters(directory, table), None, None
+    state_at = -(-size // STATE_BYTES) * STATE_BYTES
+    total = state_at + STATE_BYTES
+
+    def fill(path: Path) -> None:
+        shutil.copyfile(source, path)
+        os.truncate(path, total)  # the state page: zeros, no delta written
+
+    for generation in range(GENERATIONS):
+        name = f"{directory.name}.weights" + (f".{generation}" if generation else "")
+        segment = Segment.open(name, total, fill, shared_writes=shared_writes)
+        gate = None
+        if shared_writes:
+            words = state_words(segment.buffer, state_at)
+            if max(words[APPLIED], words[DIRTY]) > delta_step + 1:  # holds a newer delta
+                words.release()
+                segment.release()
+                continue
+            gate = SharedUpdateGate(segment.fd, words, segment.path.name)
+        break
+    else:
+        raise OSError(f"every shared segment of {directory.name} holds a newer delta than {delta_step}")
     out: dict[str, np.ndarray] = {}
     for name, p in table.items():
         dtype = np.dtype(p["dtype"])
@@ -92,4 +128,4 @@ def map_parameters(directory: Path, table: dict[str, Any]):
             segment.release()
             raise Internal(f"ONNX cache entry {directory} is truncated at {name!r}")
         out[name] = np.frombuffer(segment.buffer, dtype, count, p["offset"]).reshape(p["shape"])
-    return out, segment
+    return out, segment, gate

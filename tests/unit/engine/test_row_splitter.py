@@ -11,9 +11,11 @@ import time
 import numpy as np
 import pytest
 
+from processor.checkpoint.delta import Delta
 from processor.dtypes import DT_FLOAT, DT_STRING
 from processor.engine.session_group import SessionGroup
 from processor.engine.splitting import RowSplitter
+from processor.engine.update_gate import UpdateGate
 from processor.errors import InvalidArgument, ResourceExhausted
 from processor.signature import Signature, TensorSpec
 from processor.store.model_version import ModelVersion
@@ -62,10 +64,14 @@ class RowBackend:
             with self._lock:
                 self.running -= 1
 
-    def apply_delta(self, value: float) -> None:
+    def apply_delta(self, delta: Delta) -> None:
+        value = delta.dense["w"]
         for i in range(len(self.w)):  # a mixed read would see part of it
             self.w[i] = value / len(self.w)
             time.sleep(0.0001)
+
+    def update_gate(self) -> UpdateGate:
+        return UpdateGate()
 
     def describe(self) -> dict:
         return {}
@@ -171,7 +177,7 @@ def test_deltas_during_split_requests_never_mix_versions():
         value = 0.0
         while not stop.is_set():
             value += 1000.0
-            group.apply_delta(value, ModelVersion(1, 0))
+            group.apply_delta(Delta(int(value), dense={"w": value}), ModelVersion(1, 0))
             published.append(value)
             time.sleep(0.005)  # the gate prefers writers: leave the readers room
 
