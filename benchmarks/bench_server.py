@@ -504,7 +504,15 @@ def main() -> int:
     parser.add_argument("--skip-triton", action="store_true")
     parser.add_argument("--out-dir", type=Path, help="write server.json/.md here instead of benchmarks/results")
     parser.add_argument("--tls", action="store_true", help="only ours, plaintext vs TLS (server_tls.json/.md)")
-    args = parser.parse_args()
+    parser.add_argument("--workers", help="only ours, worker processes: req/s with these counts (e.g. 1,2) and "
+                        "memory with 1, 2, 4: runs benchmarks.bench_workers, which takes the other arguments")
+    args, rest = parser.parse_known_args()
+    if args.workers:
+        from benchmarks import bench_workers
+
+        return bench_workers.main(["--load-workers", args.workers, *rest])
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.make_kserve_venv:
         make_kserve_venv(DEFAULT_KSERVE_VENV)
         return 0

@@ -18,6 +18,7 @@ memory figure takes the used memory right before each start as its baseline, and
 drift above; the server's own memory does not. Writes ``benchmarks/results/workers.json`` and
 ``.md``.
 
+    .venv/bin/python -m benchmarks.bench_server --workers 1,2 [the options below]  (the same)
     .venv/bin/python -m benchmarks.bench_workers [--table-gb 1] [--workers 1,2,4] [--rounds 3]
         [--seconds 5] [--skip-memory] [--skip-throughput] [--out-dir DIR]
 """
@@ -167,7 +168,7 @@ def measure_throughput(model_dir: Path, workers_list: list[int], seconds: float,
     return rows
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--table-gb", type=float, default=1.0)
     parser.add_argument("--workers", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4])
@@ -177,7 +178,7 @@ def main() -> int:
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--out-dir", type=Path)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     os.environ.setdefault("SP_ONNX_CACHE_DIR", tempfile.mkdtemp(prefix="sp-bench-workers-cache-"))
     payload: dict = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                                  "load_average": os.getloadavg()}}
