@@ -35,6 +35,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import struct
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -89,12 +90,30 @@ def _path(name: str):
     return directory / f"{shared_segments.PREFIX}{server_id}-{name}"
 
 
+def _build_lock(name: str):
+    path = _path(name)
+    return path.with_name(path.name + ".build")
+
+
 @contextlib.contextmanager
 def building(name: str) -> Iterator[None]:
-    """This server's lock of segment ``name`` (exclusive): who holds it builds, maps or removes
-    the version's tables; the others wait. The lock file goes with the server's files."""
-    with shared_segments.flocked(_path(name).with_name(_path(name).name + ".build"), fcntl.LOCK_EX):
-        yield
+    """This server's lock of segment ``name`` (exclusive): who holds it builds, maps or gives up
+    the version's tables; the others wait. The last release removes the lock file (a waiter that
+    opened it before then takes the new one); the server's stop removes any left."""
+    lock = _build_lock(name)
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                current = os.stat(lock).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                current = False
+            if current:
+                yield
+                return
+        finally:
+            os.close(fd)
 
 
 def map_existing(name: str) -> shared_segments.Segment | None:
@@ -180,19 +199,17 @@ class SharedTables:
         return {**self._described, **({"files": self.directory} if self.directory else {})}
 
     def release(self) -> None:
-        """Give the segment up; the last worker's release removes it (and ``directory``). Idempotent."""
+        """Give the segment up; the last worker's release removes it, ``directory`` and the lock
+        file. Idempotent."""
         segment, self.segment = self.segment, None
         if segment is None:
             return
-        if self.directory is None:
-            segment.release()
-            return
-        import shutil
-
         with building(self.name):
             segment.release()
             if not segment.path.exists():
-                shutil.rmtree(self.directory, ignore_errors=True)
+                if self.directory is not None:
+                    shutil.rmtree(self.directory, ignore_errors=True)
+                _build_lock(self.name).unlink(missing_ok=True)
 
 
 def open_shared(name: str, build, wrap, on_failure, directory: str | None = None):

@@ -60,6 +60,11 @@ def segment_files(shm) -> list[str]:
     return sorted(p.name for p in shm.iterdir() if "-tables-" in p.name and not p.name.endswith(".build"))
 
 
+def leftovers(shm) -> list[str]:
+    """Files of the server but its ``.create`` lock (which the supervisor's stop removes)."""
+    return sorted(p.name for p in shm.iterdir() if not p.name.endswith(".create"))
+
+
 def shares_memory(arr: np.ndarray, segment) -> bool:
     base = np.frombuffer(segment.buffer, np.uint8)
     return np.shares_memory(arr, base)
@@ -131,7 +136,7 @@ def test_a_delta_in_one_worker_leaves_the_other_and_growth_goes_private(worker, 
     assert path.exists()  # the second still maps it
     second.release()
     second.release()  # idempotent
-    assert not path.exists() and segment_files(worker) == []
+    assert not path.exists() and leftovers(worker) == []
 
 
 def test_names_differ_by_checkpoint_version_and_dtype(worker, checkpoint, tmp_path):
@@ -226,6 +231,26 @@ def test_dram_ssd_delta_stays_in_its_worker_and_the_last_release_removes_the_fil
     first.release()
     assert directory.exists() and second.shared.segment.path.exists()
     second.release()
-    assert not directory.exists() and segment_files(worker) == []
+    assert not directory.exists() and leftovers(worker) == []
     tiered(tmp_path / "ssd").close()  # a worker's close leaves what others may use; here nothing is left
     assert not (tmp_path / "ssd").exists()
+
+
+def test_a_waiter_on_a_removed_lock_file_takes_a_new_one(worker):
+    import threading
+    import time
+
+    lock = shared_tables._build_lock("dram-tables-x")
+    inside: list[bool] = []
+
+    def wait_then_build() -> None:
+        with shared_tables.building("dram-tables-x"):
+            inside.append(lock.exists())
+
+    with shared_tables.building("dram-tables-x"):
+        waiter = threading.Thread(target=wait_then_build)
+        waiter.start()
+        time.sleep(0.2)  # the waiter has opened the file and waits for the lock
+        lock.unlink()  # as the last release does
+    waiter.join(10)
+    assert inside == [True]  # it locked the file now at the path, not the removed one
