@@ -66,3 +66,34 @@ def test_two_workers_serve_the_tables_from_one_segment(ctr_model_small, tmp_path
     assert code == 0, server.log()[-3000:]
     assert table_segments(pid) == []
     assert not (tmp_path / "ssd" / "ctr_ssd").exists() or not any((tmp_path / "ssd" / "ctr_ssd").iterdir()), ssd
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("store", ["dram", "dram_ssd"])
+def test_a_new_full_version_and_the_close_release_the_segments(ctr_model_small, tmp_path, monkeypatch,
+                                                                make_processor, store):
+    """In one process made a worker (as the supervisor's workers are): a new full version maps a
+    new segment and the old version's goes once it is unloaded; closing the model removes the last."""
+    from unit.features.helpers import copy_model, label, publish_full, read_all, wait_for
+
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(shared_segments, "_active", None)
+    shared_segments.enable("626262", shm)
+    model = copy_model(ctr_model_small, tmp_path / "m")
+    keys = MODELS["ctr_dram" if store == "dram" else "ctr_ssd"]
+    p = make_processor(model_config(model, ev_storage_path=str(tmp_path / "ssd"), file_system_poll_wait_seconds=0.2,
+                                    **keys))
+
+    def segments() -> list[str]:
+        return sorted(f.name for f in shm.glob(f"*-{store}-tables-*") if not f.name.endswith(".build"))
+
+    first = segments()
+    assert len(first) == 1
+    step = model.steps[-1] + 10
+    publish_full(model.run_dir, step, read_all(model.latest_checkpoint_prefix))
+    assert wait_for(lambda: label(p) == str(step))
+    assert wait_for(lambda: len(segments()) == 1 and segments() != first), segments()
+    p.close()
+    assert segments() == [] and not list((tmp_path / "ssd").rglob("*.rows"))
+    monkeypatch.setattr(shared_segments, "_active", None)
