@@ -60,6 +60,14 @@ def active() -> tuple[str, Path] | None:
     return _active
 
 
+def segment_path(name: str) -> Path:
+    """The file of this server's segment ``name`` (a worker only: RuntimeError elsewhere)."""
+    if _active is None:
+        raise RuntimeError("shared segments are off in this process (not a worker)")
+    server_id, directory = _active
+    return directory / f"{PREFIX}{server_id}-{name}"
+
+
 @contextlib.contextmanager
 def flocked(path: str | os.PathLike, how: int) -> Iterator[int]:
     """``path`` opened (created if missing) and ``flock``-ed with ``how``; yields the descriptor."""
@@ -164,10 +172,8 @@ class Segment:
 
     @classmethod
     def open(cls, name: str, size: int, fill: Callable[[Path], None], shared_writes: bool = False) -> Segment:
-        if _active is None:
-            raise RuntimeError("shared segments are off in this process (not a worker)")
+        path = segment_path(name)
         server_id, directory = _active
-        path = directory / f"{PREFIX}{server_id}-{name}"
         with flocked(directory / f"{PREFIX}{server_id}.create", fcntl.LOCK_EX):
             created = not path.exists()
             if created:

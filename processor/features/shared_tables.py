@@ -85,13 +85,8 @@ def source_identity(source: Any) -> list | None:
     return out
 
 
-def _path(name: str):
-    server_id, directory = shared_segments.active()
-    return directory / f"{shared_segments.PREFIX}{server_id}-{name}"
-
-
 def _build_lock(name: str):
-    path = _path(name)
+    path = shared_segments.segment_path(name)
     return path.with_name(path.name + ".build")
 
 
@@ -120,7 +115,7 @@ def map_existing(name: str) -> shared_segments.Segment | None:
     """Segment ``name`` mapped if a worker of this server published it, else None (hold
     :func:`building`)."""
     try:
-        size = _path(name).stat().st_size
+        size = shared_segments.segment_path(name).stat().st_size
     except FileNotFoundError:
         return None
 
