@@ -510,7 +510,8 @@ def main() -> int:
     if args.workers:
         from benchmarks import bench_workers
 
-        return bench_workers.main(["--load-workers", args.workers, *rest])
+        out = ["--out-dir", str(args.out_dir)] if args.out_dir else []
+        return bench_workers.main(["--load-workers", args.workers, *out, *rest])
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.make_kserve_venv:
