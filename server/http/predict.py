@@ -31,6 +31,7 @@ from .memory_budget import DEFAULT_BUDGET, Hold, MemoryBudget, trim_heap
 
 log = logging.getLogger("server.http")
 T = TypeVar("T")
+Now = Callable[[bytes, list], "Reply"]  # a lean request's answer: (whole body, headers) -> Reply; never raises
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -106,16 +107,19 @@ class PredictRoutes:
         self.json_budget = MemoryBudget(getattr(dep, "json_decode_memory_bytes", DEFAULT_BUDGET))
         self._more: list[tuple[re.Pattern, Callable[[re.Match, Receive, list], Awaitable[Reply]]]] = []
 
-    def in_place(self, model: str, body: bytes | bytearray) -> bool:
+    def in_place(self, model: str, size: int) -> bool:
         """Whether a request decoded on the caller's thread (JSON, KServe v2) runs on the event
-        loop rather than the model's pool: a body of at most ``inline_max_request_bytes`` for a
-        model that runs in place (``DataPlane.runs_in_place``)."""
-        return len(body) <= self.inline_bytes and self.rt.dataplane.runs_in_place(model)
+        loop rather than the model's pool: a body of at most ``inline_max_request_bytes``
+        (``size``) for a model that runs in place (``DataPlane.runs_in_place``)."""
+        return size <= self.inline_bytes and self.rt.dataplane.runs_in_place(model)
 
-    def add(self, pattern: re.Pattern, handler: Callable[[re.Match, Receive, list], Awaitable[Reply]]) -> None:
+    def add(self, pattern: re.Pattern, handler: Callable[[re.Match, Receive, list], Awaitable[Reply]],
+            lean: Callable[[re.Match, list, int], Now | None] | None = None) -> None:
         """Answer POSTs whose path matches ``pattern`` with ``handler(match, receive, headers)``
-        on this fast path (another protocol's inference route: KServe v2's ``infer``)."""
-        self._more.append((pattern, handler))
+        on this fast path (another protocol's inference route: KServe v2's ``infer``);
+        ``lean(match, headers, content_length)``: the route's answer on the lean path
+        (:meth:`lean_admit`), or None where the request must take the ASGI path."""
+        self._more.append((pattern, handler, lean))
 
     def route(self, path: str) -> Callable[[Receive, list], Awaitable[Reply]] | None:
         """The handler for a POST to ``path``, or None (not an inference URL)."""
@@ -126,7 +130,7 @@ class PredictRoutes:
             return None
         if PREDICT_PATH.match(path):
             return lambda receive, headers: self.tfs(path, receive, headers)
-        for pattern, handler in self._more:
+        for pattern, handler, _ in self._more:
             m = pattern.match(path)
             if m is not None:
                 return lambda receive, headers: handler(m, receive, headers)
@@ -146,50 +150,98 @@ class PredictRoutes:
             return _eas_reply(result)
         return await tracked(self.rt, model, "predict", work, error_reply)
 
-    def eas_admit(self, url: bytes, headers: list) -> str | None:
-        """The model of a POST to ``url`` that the HTTP connection may answer itself, before any
-        task or ASGI message (:meth:`eas_now`): our wire format, a ``Content-Length`` of at most
-        ``inline_max_request_bytes``, a model whose last request ran in place
-        (``DataPlane.inline_hint``). None: the request takes the ASGI path."""
-        if not url.startswith(b"/api/predict/") or not self.inline_bytes:
-            return None
-        model = url[13:].split(b"?", 1)[0]
-        if not model or b"/" in model or b"%" in model:
+    def lean_admit(self, url: bytes, headers: list) -> Now | None:
+        """The answer of a POST to ``url`` that the HTTP connection may give itself, once the
+        whole body is in, before any task or ASGI message (``LimitedHttpProtocol``'s lean path);
+        None: the request takes the ASGI path. Taken: a ``Content-Length`` of at most
+        ``inline_max_request_bytes`` and no percent-escape in the URL, to our wire format for a
+        model whose last request ran in place (``DataPlane.inline_hint``: the engine decides
+        per request), to TF Serving REST or a route :meth:`add`-ed with ``lean`` for a model that
+        runs in place (``DataPlane.runs_in_place``: they decode on the caller's thread)."""
+        if not self.inline_bytes or b"%" in url:
             return None
         length = header(headers, b"content-length")
         if length is None or not length.isdigit() or int(length) > self.inline_bytes:
             return None
-        name = model.decode("latin-1")
-        return name if self.rt.dataplane.inline_hint(name) else None
+        path = url.split(b"?", 1)[0].decode("latin-1")
+        if path.startswith(EAS_PREFIX):
+            model = path[len(EAS_PREFIX):]
+            if not model or "/" in model or not self.rt.dataplane.inline_hint(model):
+                return None
+            return lambda body, headers_: self.eas_now(model, body, headers_)
+        m = PREDICT_PATH.match(path)
+        if m is not None:
+            return self._tfs_lean(m, int(length))
+        for pattern, _, lean in self._more:
+            m = pattern.match(path)
+            if m is not None:
+                return lean(m, headers, int(length)) if lean is not None else None
+        return None
 
-    def eas_now(self, model: str, body: bytes, headers: list) -> Reply:
-        """:meth:`eas` of a request :meth:`eas_admit` took, whole body in hand, on the event loop
-        (the engine runs it in place; should the served version no longer run in place, this
-        one request runs here anyway). Never raises."""
-        rt = self.rt
+    def now_tracked(self, model: str, api: str, work: Callable[[], Reply]) -> Reply:
+        """``work()`` as one HTTP ``api`` request to ``model``, here and now (``rt.track``); any
+        error is answered through the one mapping. The lean path's :func:`tracked`."""
         try:
-            with rt.track(model, "http", "predict"):
-                call = PredictCall(model, body, deadline=from_http_headers(headers))
-                return _eas_reply(rt.dataplane.try_inline(call, self.inline_bytes) or rt.dataplane.predict(call))
+            with self.rt.track(model, "http", api):
+                return work()
         except Exception as exc:
             return error_reply(exc)
+
+    def eas_now(self, model: str, body: bytes, headers: list) -> Reply:
+        """:meth:`eas` of a request :meth:`lean_admit` took, whole body in hand, on the event
+        loop (the engine runs it in place; should the served version no longer run in place,
+        this one request runs here anyway). Never raises."""
+        dataplane = self.rt.dataplane
+
+        def work() -> Reply:
+            call = PredictCall(model, body, deadline=from_http_headers(headers))
+            return _eas_reply(dataplane.try_inline(call, self.inline_bytes) or dataplane.predict(call))
+        return self.now_tracked(model, "predict", work)
 
     async def tfs(self, path: str, receive: Receive, headers: list) -> Reply:
         m = PREDICT_PATH.match(path)
         if m is None:
             return error_reply(InvalidArgument(f"Malformed request: POST {path}"))
-        name, version, label, method = m.group(1), m.group(2), m.group(3), m.group(4).lower()
+        name, method = m.group(1), m.group(4).lower()
 
         async def work() -> Reply:
             deadline = from_http_headers(headers)
-            wanted = None if version is None else parse_version(version)
             with self.json_budget.hold() as hold:
                 body = await read_body(receive, headers, self.json_limit, hold, self.json_setting)
-                args = (self.rt, name, wanted, label, method, body, deadline, self.json_limits, hold)
-                if self.in_place(name, body):
+                args = self._tfs_args(m, body, deadline, hold)
+                if self.in_place(name, len(body)):
                     return Reply(200, tfs_predict(*args))
                 return Reply(200, await self.rt.run(name, tfs_predict, *args))
         return await tracked(self.rt, name, f"tfs_{method}", work, error_reply)
+
+    def _tfs_args(self, m: re.Match, body: bytes | bytearray, deadline: float | None, hold: Hold) -> tuple:
+        """:func:`tfs_predict`'s arguments for a request to the path ``m`` matched."""
+        version = m.group(2)
+        wanted = None if version is None else parse_version(version)
+        return self.rt, m.group(1), wanted, m.group(3), m.group(4).lower(), body, deadline, self.json_limits, hold
+
+    def _tfs_lean(self, m: re.Match, length: int) -> Now | None:
+        """:meth:`tfs` on the lean path (see :meth:`lean_admit`)."""
+        name = m.group(1)
+        if length > self.json_limit or not self.in_place(name, length):
+            return None
+
+        return self.budgeted_now(name, f"tfs_{m.group(4).lower()}", lambda body, deadline, hold: Reply(
+            200, tfs_predict(*self._tfs_args(m, body, deadline, hold))))
+
+    def budgeted_now(self, model: str, api: str, run: Callable[[bytes, float | None, Hold], Reply]) -> Now:
+        """The lean answer of an ``api`` request to ``model`` decoded on the caller's thread:
+        ``run(body, deadline, hold)`` with the body's bytes held from the decode memory budget
+        (as ``read_body`` holds them on the ASGI path), tracked (:meth:`now_tracked`)."""
+        def now(body: bytes, headers: list) -> Reply:
+            def work() -> Reply:
+                deadline = from_http_headers(headers)
+                with self.json_budget.hold() as hold:
+                    if body:
+                        hold.need(len(body))
+                    return run(body, deadline, hold)
+            return self.now_tracked(model, api, work)
+        return now
 
 
 class TfsJsonInputs:

@@ -137,24 +137,26 @@ class CoalescingCycle(RequestResponseCycle):
 
 
 class _Exchange:
-    """A request the connection answers itself: its model, headers and body so far."""
+    """A request the connection answers itself: its answer (``now(body, headers)``), headers
+    and body so far."""
 
-    __slots__ = ("model", "headers", "body")
+    __slots__ = ("now", "headers", "body")
 
-    def __init__(self, model: str, headers: list) -> None:
-        self.model, self.headers, self.body = model, headers, bytearray()
+    def __init__(self, now, headers: list) -> None:
+        self.now, self.headers, self.body = now, headers, bytearray()
 
 
 class LimitedHttpProtocol(HttpToolsProtocol):
     """See the module doc; the limits are class attributes set by :func:`limited_protocol`.
 
-    The lean path: a small request to our wire format (``POST /api/predict/{model}`` of at most
-    ``inline_max_request_bytes``) whose model runs in place on the native engine is answered by
-    the connection itself when its body is complete, without an asyncio task, ASGI messages or
-    uvicorn's response cycle (they cost more than such a request's engine run): the same
-    handler as the ASGI route (:meth:`~server.http.predict.PredictRoutes.eas_now`: request id,
-    deadline, drain gate, metrics, access log, the one error mapping), one write for the whole
-    response. Only when the connection has no response in progress, so answers stay in order.
+    The lean path: a small inference request (our wire format, TF Serving REST, KServe v2 REST;
+    a ``Content-Length`` of at most ``inline_max_request_bytes``) whose model runs in place on
+    the native engine is answered by the connection itself when its body is complete, without
+    an asyncio task, ASGI messages or uvicorn's response cycle (they cost more than such a
+    request's engine run): the same work as the ASGI route
+    (:meth:`~server.http.predict.PredictRoutes.lean_admit`: request id, deadline, limits, drain
+    gate, metrics, access log, the one error mapping), one write for the whole response. Only
+    when the connection has no response in progress, so answers stay in order.
     """
 
     max_header_bytes = 16 * 1024
@@ -289,17 +291,17 @@ class LimitedHttpProtocol(HttpToolsProtocol):
                 or (self.cycle is not None and not self.cycle.response_complete)
                 or self.parser.should_upgrade()):
             return False
-        model = self.inline.eas_admit(self.url, self.headers)
-        if model is None:
+        now = self.inline.lean_admit(self.url, self.headers)
+        if now is None:
             return False
-        self._exchange = _Exchange(model, self.headers)
+        self._exchange = _Exchange(now, self.headers)
         return True
 
     def _answer(self, exchange: _Exchange) -> None:
         rid = new_request_id(header(exchange.headers, b"x-request-id"))
         token = request_id_var.set(rid)
         try:
-            reply = self.inline.eas_now(exchange.model, bytes(exchange.body), exchange.headers)
+            reply = exchange.now(bytes(exchange.body), exchange.headers)
         finally:
             request_id_var.reset(token)
         keep_alive = self.parser.should_keep_alive() and self.parser.get_http_version() != "1.0"

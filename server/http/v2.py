@@ -41,7 +41,7 @@ from ..runtime import ServingRuntime
 from . import v2_json
 from .body import read_body
 from .memory_budget import Hold, trim_heap
-from .predict import PredictRoutes, Reply, as_response, error_reply, header, tracked
+from .predict import Now, PredictRoutes, Reply, as_response, error_reply, header, tracked
 from .tfs_json import DEFAULT_MAX_ELEMENTS, SMALL_BODY
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -103,12 +103,26 @@ def register(app, rt: ServingRuntime, errors: dict, routes: PredictRoutes) -> No
                 body = await read_body(receive, headers, limit, hold, setting)
                 limits = BodyLimits(limit, setting, routes.json_limits.max_elements, hold)
                 args = (rt, model, version, body, header_length, deadline, limits, encoding)
-                if encoding is None and routes.in_place(model, body):
+                if encoding is None and routes.in_place(model, len(body)):
                     return infer_http(*args)
                 return await rt.run(model, infer_http, *args)
         return await tracked(rt, model, "v2_infer", work, error_reply)
 
-    routes.add(INFER_PATH, infer)
+    def lean_infer(match: re.Match, headers: list, length: int) -> Now | None:
+        """:func:`infer` on the HTTP connection's lean path (``PredictRoutes.lean_admit``): a body
+        sent as it is, within its limit, for a model that runs in place."""
+        model, version = match.group(1), match.group(2)
+        header_length = header(headers, b"inference-header-content-length")
+        limit, setting = ((routes.json_limit, routes.json_setting) if header_length is None
+                          else (routes.limit, "max_request_bytes"))
+        if header(headers, b"content-encoding") is not None or length > limit or not routes.in_place(model, length):
+            return None
+
+        return routes.budgeted_now(model, "v2_infer", lambda body, deadline, hold: infer_http(
+            rt, model, version, body, header_length, deadline,
+            BodyLimits(limit, setting, routes.json_limits.max_elements, hold)))
+
+    routes.add(INFER_PATH, infer, lean_infer)
 
     @app.post("/v2/models/{model}/infer", tags=["kserve-v2"], summary="Inference", responses=errors)
     @app.post("/v2/models/{model}/versions/{version}/infer", tags=["kserve-v2"], summary="Inference",

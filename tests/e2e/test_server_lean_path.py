@@ -6,7 +6,9 @@ connection itself (``LimitedHttpProtocol``'s lean path) once the model has run a
 place; everything else takes the ASGI path. Over raw sockets: the lean answers equal the ASGI
 path's (a chunked body, which the lean path never takes), byte for byte in the body; keep-alive,
 pipelining, HTTP/1.0 and ``Connection: close``, request ids, the ping, a bad body's 400, a body
-that stops arriving (408), and the metrics count every request.
+that stops arriving (408), and the metrics count every request. Small TF Serving REST and KServe
+v2 REST requests take it too, answered as their ASGI routes answer (errors included); a
+compressed or large v2 body keeps the ASGI path.
 """
 
 from __future__ import annotations
@@ -54,8 +56,8 @@ def request(body: bytes, *, path: str = f"/api/predict/{MODEL}", extra: str = ""
             f"Content-Length: {len(body)}\r\n{extra}\r\n").encode() + body
 
 
-def chunked(body: bytes) -> bytes:
-    return (f"POST /api/predict/{MODEL} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+def chunked(body: bytes, path: str = f"/api/predict/{MODEL}", extra: str = "") -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n{extra}\r\n"
             f"{len(body):x}\r\n").encode() + body + b"\r\n0\r\n\r\n"
 
 
@@ -155,3 +157,65 @@ def test_ping_bad_body_and_slow_body(server):
         sock.sendall(payload[:-5])  # the rest never comes: 408 after body_read_timeout_seconds
         status, headers, data = read_response(f)
         assert status == 408 and "body_read_timeout_seconds" in json.loads(data)["error"]
+
+
+def other_edges() -> dict[str, tuple[str, bytes, str]]:
+    """TF Serving REST and KServe v2 REST requests for the model: (path, body, extra headers)."""
+    from benchmarks.v2_wire import v2_binary_request, v2_json_request
+    from demo import dlrm_onnx
+
+    feeds = dlrm_onnx.inputs(2, seed=7)
+    rows = [{k: v[i].tolist() for k, v in feeds.items()} for i in range(2)]
+    binary, header_length = v2_binary_request(feeds)
+    return {
+        "tfs": (f"/v1/models/{MODEL}:predict", json.dumps({"instances": rows}).encode(), ""),
+        "tfs-columns": (f"/v1/models/{MODEL}:predict",
+                        json.dumps({"inputs": {k: v.tolist() for k, v in feeds.items()}}).encode(), ""),
+        "v2-binary": (f"/v2/models/{MODEL}/infer", binary, f"Inference-Header-Content-Length: {header_length}\r\n"),
+        "v2-json": (f"/v2/models/{MODEL}/infer", v2_json_request(feeds), ""),
+        "v2-version-unknown": (f"/v2/models/{MODEL}/versions/3/infer", v2_json_request(feeds), ""),
+        "tfs-bad": (f"/v1/models/{MODEL}:predict", b'{"instances": [{"nope": 1}]}', ""),
+        "v2-bad": (f"/v2/models/{MODEL}/infer", b'{"inputs": 3}', ""),
+        "tfs-version-unknown": (f"/v1/models/{MODEL}/versions/99:predict", json.dumps({"instances": rows}).encode(), ""),
+    }
+
+
+@pytest.mark.parametrize("edge", list(other_edges()))
+def test_tf_serving_and_kserve_v2_rest_take_the_lean_path_with_the_asgi_answers(server, edge, monkeypatch):
+    """Small TF Serving REST and KServe v2 REST requests for a model that runs in place are
+    answered by the connection itself (through ``now_tracked``, spied on here), with the ASGI
+    path's status, headers that matter and body, errors too."""
+    path, body, extra = other_edges()[edge]
+    (want_status, want_headers, want), = exchange(server, chunked(body, path, extra))  # the ASGI path
+    taken: list[str] = []
+    inline = server._asgi.predict
+    real = inline.now_tracked
+
+    def spy(model, api, work):
+        taken.append(api)
+        return real(model, api, work)
+
+    monkeypatch.setattr(inline, "now_tracked", spy)
+    (status, headers, got), = exchange(server, request(body, path=path, extra=extra))
+    assert taken == (["tfs_predict"] if edge.startswith("tfs") else ["v2_infer"]), "not the lean path"
+    assert status == want_status
+    for key in ("content-type", "inference-header-content-length"):
+        assert headers.get(key) == want_headers.get(key), key
+    assert got == want, (got[:200], want[:200])
+    assert (status == 200) == ("bad" not in edge and "unknown" not in edge)
+
+
+def test_compressed_and_large_v2_bodies_keep_the_asgi_path(server, monkeypatch):
+    import gzip
+
+    path, body, extra = other_edges()["v2-json"]
+    taken: list[str] = []
+    inline = server._asgi.predict
+    real = inline.now_tracked
+    monkeypatch.setattr(inline, "now_tracked", lambda *a: taken.append(a[1]) or real(*a))
+    (status, _, data), = exchange(server, request(gzip.compress(body), path=path, extra="Content-Encoding: gzip\r\n"))
+    assert status == 200 and json.loads(data)["outputs"][0]["name"] == "prob"
+    big = json.dumps({**json.loads(body), "id": "x" * 9000}).encode()  # over inline_max_request_bytes
+    (status, _, data), = exchange(server, request(big, path=path))
+    assert status == 200 and json.loads(data)["id"] == "x" * 9000
+    assert taken == []
