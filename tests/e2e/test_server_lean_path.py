@@ -93,15 +93,26 @@ def requests_served(app) -> float:
     return float(m.group(1)) if m else 0.0
 
 
-def test_lean_answers_equal_the_asgi_path_and_keep_the_connection(server):
+def spy_lean(server, monkeypatch) -> list[str]:
+    """The APIs of the requests the lean path answers from now on (``now_tracked`` spied on)."""
+    taken: list[str] = []
+    inline = server._asgi.predict
+    real = inline.now_tracked
+    monkeypatch.setattr(inline, "now_tracked", lambda model, api, work: taken.append(api) or real(model, api, work))
+    return taken
+
+
+def test_lean_answers_equal_the_asgi_path_and_keep_the_connection(server, monkeypatch):
     from demo import dlrm_onnx
 
     body = encode_request(dlrm_onnx.inputs(3, seed=4))
     (status, _, reference), = exchange(server, chunked(body))  # never the lean path
     assert status == 200
     before = requests_served(server)
+    taken = spy_lean(server, monkeypatch)
     answers = exchange(server, request(body), request(body, extra="X-Request-ID: lean-abc\r\n"), request(body))
     assert server.runtime.dataplane.inline_hint(MODEL)
+    assert taken == ["predict"] * 3
     for status, headers, data in answers:
         assert status == 200 and headers["content-type"] == "application/x-protobuf"
         assert "date" in headers and "connection" not in headers
@@ -187,15 +198,7 @@ def test_tf_serving_and_kserve_v2_rest_take_the_lean_path_with_the_asgi_answers(
     path's status, headers that matter and body, errors too."""
     path, body, extra = other_edges()[edge]
     (want_status, want_headers, want), = exchange(server, chunked(body, path, extra))  # the ASGI path
-    taken: list[str] = []
-    inline = server._asgi.predict
-    real = inline.now_tracked
-
-    def spy(model, api, work):
-        taken.append(api)
-        return real(model, api, work)
-
-    monkeypatch.setattr(inline, "now_tracked", spy)
+    taken = spy_lean(server, monkeypatch)
     (status, headers, got), = exchange(server, request(body, path=path, extra=extra))
     assert taken == (["tfs_predict"] if edge.startswith("tfs") else ["v2_infer"]), "not the lean path"
     assert status == want_status
@@ -209,10 +212,7 @@ def test_compressed_and_large_v2_bodies_keep_the_asgi_path(server, monkeypatch):
     import gzip
 
     path, body, extra = other_edges()["v2-json"]
-    taken: list[str] = []
-    inline = server._asgi.predict
-    real = inline.now_tracked
-    monkeypatch.setattr(inline, "now_tracked", lambda *a: taken.append(a[1]) or real(*a))
+    taken = spy_lean(server, monkeypatch)
     (status, _, data), = exchange(server, request(gzip.compress(body), path=path, extra="Content-Encoding: gzip\r\n"))
     assert status == 200 and json.loads(data)["outputs"][0]["name"] == "prob"
     big = json.dumps({**json.loads(body), "id": "x" * 9000}).encode()  # over inline_max_request_bytes
