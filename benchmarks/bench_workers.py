@@ -20,7 +20,7 @@ drift above; the server's own memory does not. Writes ``benchmarks/results/worke
 
     .venv/bin/python -m benchmarks.bench_server --workers 1,2 [the options below]  (the same)
     .venv/bin/python -m benchmarks.bench_workers [--table-gb 1] [--workers 1,2,4] [--rounds 3]
-        [--seconds 5] [--skip-memory] [--skip-throughput] [--out-dir DIR]
+        [--load-workers 1,2] [--load-rounds 3] [--seconds 5] [--skip-memory] [--skip-throughput] [--out-dir DIR]
 """
 
 from __future__ import annotations
@@ -148,7 +148,28 @@ def measure_memory(model_dir: Path, table_bytes: int, workers_list: list[int], r
     return medians, each_round
 
 
-def measure_throughput(model_dir: Path, workers_list: list[int], seconds: float, work: Path) -> list[dict]:
+def measure_throughput(model_dir: Path, workers_list: list[int], seconds: float, work: Path,
+                       rounds: int = 1) -> tuple[list[dict], list[dict]]:
+    """``rounds`` rounds, each of every worker count in turn (so a machine's slow minute hits them
+    alike): (every row, with its round; per edge and worker count, the median req/s and p99 and
+    the median over rounds of the req/s against the same round's first worker count)."""
+    rows = []
+    for round_ in range(rounds):
+        rows += [{"round": round_ + 1, **row} for row in _throughput_round(model_dir, workers_list, seconds, work)]
+    summary = []
+    for edge in dict.fromkeys(r["edge"] for r in rows):
+        base = {r["round"]: r["req_per_s"] for r in rows if r["edge"] == edge and r["workers"] == workers_list[0]}
+        for workers in workers_list:
+            mine = [r for r in rows if r["edge"] == edge and r["workers"] == workers]
+            summary.append({"workers": workers, "edge": edge,
+                            "req_per_s": statistics.median(r["req_per_s"] for r in mine),
+                            "p99_ms": statistics.median(r["p99_ms"] for r in mine),
+                            "vs_first": statistics.median(r["req_per_s"] / base[r["round"]] for r in mine),
+                            "errors": sum(r["errors"] for r in mine)})
+    return rows, summary
+
+
+def _throughput_round(model_dir: Path, workers_list: list[int], seconds: float, work: Path) -> list[dict]:
     from tools.server_process import ServerProcess
 
     body = encode_request(dlrm_onnx.inputs(1))
@@ -175,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="memory: rounds of every --workers entry")
     parser.add_argument("--load-workers", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--load-rounds", type=int, default=3, help="throughput: rounds of every --load-workers entry")
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--out-dir", type=Path)
@@ -225,12 +247,20 @@ def main(argv: list[str] | None = None) -> int:
             small = work / "small"
             small.mkdir()
             dlrm_onnx.build(small / "model.onnx", rows=20_000, dim=DIM)
-            load = measure_throughput(small, args.load_workers, args.seconds, work)
-            payload["throughput"] = load
-            md.append("## Throughput: batch 1, 26 x 20,000 x 16 tables\n\n"
-                      "| workers | edge | req/s | p50 (ms) | p99 (ms) | errors |\n|---|---|---|---|---|---|")
+            load, summary = measure_throughput(small, args.load_workers, args.seconds, work, args.load_rounds)
+            payload["throughput"] = {"rounds": load, "summary": summary}
+            first = args.load_workers[0]
+            md.append(f"## Throughput: batch 1, 26 x 20,000 x 16 tables, {args.load_rounds} rounds\n\n"
+                      f"Medians over the rounds; \"vs {first}\": the median of each round's req/s against the same "
+                      f"round's {first} worker(s).\n\n"
+                      f"| workers | edge | req/s | p99 (ms) | vs {first} | errors |\n|---|---|---|---|---|---|")
+            for r in summary:
+                md.append(f"| {r['workers']} | {r['edge']} | {r['req_per_s']:.0f} | {r['p99_ms']:.2f} | "
+                          f"{r['vs_first']:.2f}x | {r['errors']} |")
+            md.append("\nEvery round:\n\n| round | workers | edge | req/s | p50 (ms) | p99 (ms) | errors |\n"
+                      "|---|---|---|---|---|---|---|")
             for r in load:
-                md.append(f"| {r['workers']} | {r['edge']} | {r['req_per_s']:.0f} | {r['p50_ms']:.2f} | "
+                md.append(f"| {r['round']} | {r['workers']} | {r['edge']} | {r['req_per_s']:.0f} | {r['p50_ms']:.2f} | "
                           f"{r['p99_ms']:.2f} | {r['errors']} |")
     payload["machine"]["load_average_at_the_end"] = os.getloadavg()
     md[0] = (f"# workers: N (issue 24)\n\n{os.cpu_count()} CPUs, load average at the start "
