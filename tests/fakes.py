@@ -339,12 +339,13 @@ class FakeBackend:
         return VersionLoader(config, store or self.store, None, open_group=self.open, warm=self.warm)
 
     # open_group and warm of the VersionLoader
-    def open(self, config, version, features=None, batching=None) -> FakeServingGroup:
+    def open(self, config, version, features=None, batching=None, pinned=False) -> FakeServingGroup:
         from processor.checkpoint.delta import CheckpointError
 
         if version.full_step in self.broken:
             raise CheckpointError(f"cannot read checkpoint {version.full_prefix!r}: truncated")
         group = FakeServingGroup(self, version, version)
+        group.pinned = pinned  # loaded to be pinned (the loader's word to the engine)
         self.groups.append(group)
         return group
 
@@ -372,7 +373,7 @@ class FailingBackend(FakeBackend):
         super().__init__(store)
         self.at = at
 
-    def open(self, config, version, features=None, batching=None) -> FakeServingGroup:
+    def open(self, config, version, features=None, batching=None, pinned=False) -> FakeServingGroup:
         from processor.errors import Internal
 
         if self.at == "open":
@@ -399,7 +400,7 @@ class SlowBackend(FakeBackend):
         self.release.clear()
         self.entered.clear()
 
-    def open(self, config, version, features=None, batching=None) -> FakeServingGroup:
+    def open(self, config, version, features=None, batching=None, pinned=False) -> FakeServingGroup:
         self.entered.set()
         if not self.release.wait(30):
             raise TimeoutError("SlowBackend was never released")

@@ -18,13 +18,16 @@ from .session_group import SessionGroup
 from .splitting import RowSplitter
 
 
-def open_session_group(config: ModelConfig, version: ModelVersion, features=None, batching=None) -> SessionGroup:
+def open_session_group(config: ModelConfig, version: ModelVersion, features=None, batching=None,
+                       pinned: bool = False) -> SessionGroup:
     """Load ``version`` into a new SessionGroup with the engine the config names.
 
     ``features``: the model's :class:`~processor.features.FeatureStore` when its embeddings are
     served from one (TensorFlow only); the group opens ``version``'s tables in it.
     ``batching``: the model's :class:`~processor.batching.model_batching.ModelBatching`, through
     which the group opens its native batching queue (None: no queue).
+    ``pinned``: the version is loaded to be pinned (with workers, ONNX parameters in a segment of
+    the pin's own: :func:`~processor.engine.onnx.weights.map_parameters`).
 
     The engine is ``config.backend``, or with ``auto`` ONNX Runtime when ``savedmodel_dir`` holds a
     ``.onnx`` model and TensorFlow otherwise. Raises ProcessorError (ConfigError for settings this
@@ -49,7 +52,7 @@ def open_session_group(config: ModelConfig, version: ModelVersion, features=None
         except ImportError as exc:
             raise ConfigError(f"backend: onnxruntime is not installed ({exc}); install the 'cpu' "
                               f"(onnxruntime) or 'gpu' (onnxruntime-gpu) extra") from None
-        backend: Backend = OnnxRuntimeBackend.open(config, version, device_plan.plan_for(config, engine))
+        backend: Backend = OnnxRuntimeBackend.open(config, version, device_plan.plan_for(config, engine), pinned)
     else:
         from .tensorflow_backend import TensorFlowBackend
 

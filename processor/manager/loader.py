@@ -77,26 +77,30 @@ class VersionLoader:
     def materialize(self, version: ModelVersion) -> ModelVersion:
         return self.store.materialize(version)
 
-    def open(self, version: ModelVersion, local: ModelVersion):
+    def open(self, version: ModelVersion, local: ModelVersion, pinned: bool = False):
         """A new group over ``local`` that serves ``version`` (no delta applied yet)."""
         try:
-            group = self._open_group(self.config, local, features=self.features, batching=self.batching)
+            group = self._open_group(self.config, local, features=self.features, batching=self.batching,
+                                     pinned=pinned)
         except Exception as exc:
             raise as_processor_error(exc) from exc
         group.version = version  # loaded from the local copy; serves (and reports) the store's version
         return group
 
     def load(self, version: ModelVersion, warmup_file: bytes | None = None,
-             on_warming: Callable[[], None] | None = None) -> Loaded:
+             on_warming: Callable[[], None] | None = None, pinned: bool = False) -> Loaded:
         """Materialize, open, apply every delta, warm up (``on_warming`` is called first);
-        on failure close the new group and raise. The caller swaps the group in."""
+        on failure close the new group and raise. The caller swaps the group in. ``pinned``:
+        the version is loaded to be pinned (an admin pin or rollback); with workers, its ONNX
+        parameters then get a segment of the pin's own, which no delta of a worker still
+        following the newest version writes."""
         with first_tensorflow_import():  # other models load on other threads
-            return self._load(version, warmup_file, on_warming)
+            return self._load(version, warmup_file, on_warming, pinned)
 
     def _load(self, version: ModelVersion, warmup_file: bytes | None,
-              on_warming: Callable[[], None] | None) -> Loaded:
+              on_warming: Callable[[], None] | None, pinned: bool) -> Loaded:
         local = self.materialize(version)
-        group = self.open(version, local)
+        group = self.open(version, local, pinned)
         try:
             for delta in self.read_deltas(group.backend, local, None):  # every link checked first
                 group.backend.stage_delta(delta)

@@ -153,24 +153,25 @@ class ModelManager:
                                  self._clock.monotonic())
             try:
                 if action is Action.LOAD_FULL:
-                    self._load_locked(target)
+                    self._load_locked(target, pinned=self._pinned is not None)
                 elif action is Action.APPLY_DELTA:
                     self._apply_delta_locked(target)
             except ProcessorError as err:
                 self._record_failure(target, err)
 
-    def load(self, version: ModelVersion) -> None:
-        """Load ``version`` into a new group and swap it in; raise (and keep serving) on failure."""
+    def load(self, version: ModelVersion, pinned: bool = False) -> None:
+        """Load ``version`` into a new group and swap it in; raise (and keep serving) on failure.
+        ``pinned``: it is loaded to be pinned (see :meth:`VersionLoader.load`)."""
         with self._lock:
             if self._state is ModelState.CLOSED:
                 raise Unavailable(f"model {self.name!r} is closed")
             try:
-                self._load_locked(version)
+                self._load_locked(version, pinned)
             except ProcessorError as err:
                 self._record_failure(version, err)
                 raise
 
-    def _load_locked(self, version: ModelVersion) -> None:
+    def _load_locked(self, version: ModelVersion, pinned: bool = False) -> None:
         if self._current is None:
             self._to(ModelState.LOADING)
         started = self._clock.monotonic()
@@ -180,7 +181,7 @@ class ModelManager:
                 self._to(ModelState.WARMING)
 
         try:
-            loaded = self.loader.load(version, self._warmup_file, on_warming=warming)
+            loaded = self.loader.load(version, self._warmup_file, on_warming=warming, pinned=pinned)
         except Exception:
             if self._current is None:  # LOADING or WARMING: nothing serves
                 self._to(ModelState.FAILED)
@@ -231,7 +232,7 @@ class ModelManager:
             if len(self._history) < 2:
                 raise NotFound(f"model {self.name!r} has no previous version to roll back to")
             target = self._history[-2]
-            self.load(target)
+            self.load(target, pinned=True)
             self._pinned, self._pin_reason = target, "rollback"
             return target
 
@@ -243,7 +244,7 @@ class ModelManager:
             version = latest_version(self.store, self.config.savedmodel_dir, self.config.checkpoint_dir,
                                      pin_step=step, delta_mode=self.config.delta_mode)
             if version != self.served_version():
-                self.load(version)
+                self.load(version, pinned=True)
             self._pinned, self._pin_reason = version, f"pin({step})"
             return version
 

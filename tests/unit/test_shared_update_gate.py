@@ -186,7 +186,10 @@ def test_a_stale_waiting_flag_of_a_dead_writer_is_cleared(shm_worker):
     assert words[WAITING] == 0
 
 
-def test_map_parameters_skips_a_segment_holding_a_newer_delta(shm_worker, tmp_path_factory):
+def test_map_parameters_generations_and_a_pins_own_segment(shm_worker, tmp_path_factory):
+    """A segment holding a newer delta than the version loading is not reused (the next
+    generation is); a pinned load maps a segment of the pin's own, which a follower's newer
+    delta never reaches; a private mapping's writes stay in it."""
     entry = tmp_path_factory.mktemp("entry")
     values = np.arange(2048, dtype=np.float32)
     (entry / "weights.bin").write_bytes(values.tobytes())
@@ -198,10 +201,17 @@ def test_map_parameters_skips_a_segment_holding_a_newer_delta(shm_worker, tmp_pa
     assert seg_same.path == seg0.path and same["w"][0] == 3.0
     older, seg1, gate1 = map_parameters(entry, table, shared_writes=True, delta_step=2)  # a pin to 2
     assert seg1.path.name.endswith(".weights.1") and older["w"][0] == 0.0 and gate1.state()["applied_delta"] is None
+    pinned, seg_pin, gate_pin = map_parameters(entry, table, shared_writes=True, delta_step=3, pinned=True)
+    assert seg_pin.path.name.endswith(".weights.pin4") and pinned["w"][0] == 0.0  # its own, from the full
+    with gate_pin.exclusive():  # the pin's own deltas (up to 3) are written into it once
+        gate_pin.apply(3, lambda: pinned["w"].__setitem__(0, 3.0))
+    with gate0.exclusive():  # a worker still following writes a newer delta: not under the pin
+        gate0.apply(5, lambda: params["w"].__setitem__(0, 5.0))
+    assert pinned["w"][0] == 3.0 and same["w"][0] == 5.0
     private, seg_p, gate_p = map_parameters(entry, table, shared_writes=False, delta_step=-1)
     assert gate_p is None
     private["w"][1] = -1.0  # copy-on-write: not seen by the shared mapping
     assert params["w"][1] == 1.0
-    for seg in (seg0, seg_same, seg1, seg_p):
+    for seg in (seg0, seg_same, seg1, seg_pin, seg_p):
         seg.release()
     assert not [p for p in shm_worker.iterdir() if ".weights" in p.name]

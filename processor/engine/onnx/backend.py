@@ -95,11 +95,14 @@ class OnnxRuntimeBackend:
 
     engine_name = "onnxruntime"
 
-    def __init__(self, config: ModelConfig, version: ModelVersion, plan: device_plan.DevicePlan) -> None:
-        """Cheap: what to load and where; :meth:`load` (or :meth:`open`) loads it."""
+    def __init__(self, config: ModelConfig, version: ModelVersion, plan: device_plan.DevicePlan,
+                 pinned: bool = False) -> None:
+        """Cheap: what to load and where; :meth:`load` (or :meth:`open`) loads it. ``pinned``:
+        loaded to be pinned (its own parameter segment with workers: ``map_parameters``)."""
         self._config = config
         self._version = version
         self._plan = plan
+        self._pinned = pinned
         self.lanes = len(plan.lanes)
         self._sessions: list[Any] = []
         self._lane_run: list[Any] = []
@@ -110,9 +113,10 @@ class OnnxRuntimeBackend:
         self._profile_dir: str | None = None
 
     @classmethod
-    def open(cls, config: ModelConfig, version: ModelVersion, plan: device_plan.DevicePlan) -> OnnxRuntimeBackend:
+    def open(cls, config: ModelConfig, version: ModelVersion, plan: device_plan.DevicePlan,
+             pinned: bool = False) -> OnnxRuntimeBackend:
         """A backend with ``version`` loaded (:meth:`load`); raises as it does."""
-        backend = cls(config, version, plan)
+        backend = cls(config, version, plan, pinned)
         backend.load()
         return backend
 
@@ -163,7 +167,7 @@ class OnnxRuntimeBackend:
                 # device copies a write in another worker never reaches, so each worker writes its own
                 params, self._segment, self._shared_gate = map_parameters(
                     self._prepared.directory, self._prepared.manifest["parameters"],
-                    shared_writes=not plan.on_gpu, delta_step=version.delta_step)
+                    shared_writes=not plan.on_gpu, delta_step=version.delta_step, pinned=self._pinned)
             except OSError as exc:  # /dev/shm full (Docker's 64 MB default): a private copy still serves
                 log.warning("parameters of %s not in shared memory (%s): this worker holds its own copy",
                             self._prepared.directory.name, exc)

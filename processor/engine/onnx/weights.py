@@ -71,7 +71,8 @@ def read_parameters(directory: Path, table: dict[str, Any]) -> dict[str, np.ndar
 GENERATIONS = 8  # segments of one cache entry at most (see map_parameters)
 
 
-def map_parameters(directory: Path, table: dict[str, Any], *, shared_writes: bool, delta_step: int):
+def map_parameters(directory: Path, table: dict[str, Any], *, shared_writes: bool, delta_step: int,
+                   pinned: bool = False):
     """The parameters of ``table`` as arrays over a shared-memory segment (workers > 1).
 
     The first worker copies ``directory/weights.bin`` into the segment named after the cache
@@ -83,7 +84,11 @@ def map_parameters(directory: Path, table: dict[str, Any], *, shared_writes: boo
     hold deltas already: the version loading (``delta_step``, -1 for the bare full) applies the
     ones after them. A segment holding a newer delta than ``delta_step`` (workers serving a
     newer delta of this full while this one loads an older version: a pin, a rollback) is not
-    used; the next generation of the entry is (``<entry>.weights.1`` ...). Without
+    used; the next generation of the entry is (``<entry>.weights.1`` ...). ``pinned``: the
+    version is loaded to be pinned; it maps a segment of that pin's own
+    (``<entry>.weights.pin<delta_step + 1>``), shared by the workers that pin it, so a worker still
+    following the newest version (the admin journal reaches the workers one after another)
+    never writes a newer delta under it. Without
     ``shared_writes`` the mapping is private: each worker's deltas go to its own copy-on-write
     pages, and no gate is returned.
 
@@ -107,7 +112,8 @@ def map_parameters(directory: Path, table: dict[str, Any], *, shared_writes: boo
         os.truncate(path, total)  # the state page: zeros, no delta written
 
     for generation in range(GENERATIONS):
-        name = f"{directory.name}.weights" + (f".{generation}" if generation else "")
+        name = (f"{directory.name}.weights" + (f".pin{delta_step + 1}" if pinned else "")
+                + (f".{generation}" if generation else ""))
         segment = Segment.open(name, total, fill, shared_writes=shared_writes)
         gate = None
         if shared_writes:

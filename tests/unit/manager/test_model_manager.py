@@ -23,6 +23,12 @@ def served(m):
         return group.params
 
 
+def loaded_pinned(m) -> bool:
+    """Whether the serving group was loaded to be pinned (workers: its own parameter segment)."""
+    with m.acquire() as group:
+        return group.pinned
+
+
 @pytest.fixture
 def store():
     s = FakeStore(fulls=[10])
@@ -58,7 +64,7 @@ def test_the_first_load_goes_loading_warming_ready(store):
     seen = []
 
     class Recording(FakeBackend):
-        def open(self, config, version, features=None, batching=None):
+        def open(self, config, version, features=None, batching=None, pinned=False):
             seen.append(m.state)
             return super().open(config, version, features)
 
@@ -200,7 +206,8 @@ def test_pin_unpin_and_rollback(store):
     store.add_full(5)
     m = fake_manager(store)
     m.start()
-    assert m.pin(5).label == "5" and served(m) == (5, ())
+    assert not loaded_pinned(m)
+    assert m.pin(5).label == "5" and served(m) == (5, ()) and loaded_pinned(m)
     assert m.info()["version"]["mode"] == "pinned" and m.info()["version"]["why"] == "pin(5)"
     store.add_full(20)
     update(m)  # pinned: a newer version does not move it
@@ -209,10 +216,11 @@ def test_pin_unpin_and_rollback(store):
     assert m.pin(12).label == "10+12" and served(m) == (10, (12,))  # a delta step: its full plus it
     with pytest.raises(NotFound, match=r"full steps: \[5, 10, 20\], delta steps: \[12\]"):
         m.pin(11)
-    assert m.unpin().label == "20" and served(m) == (20, ())
+    assert loaded_pinned(m)
+    assert m.unpin().label == "20" and served(m) == (20, ()) and not loaded_pinned(m)
     assert m.info()["version"]["mode"] == "following" and m.info()["pinned"] is None
 
-    assert m.rollback().label == "10+12" and served(m) == (10, (12,))
+    assert m.rollback().label == "10+12" and served(m) == (10, (12,)) and loaded_pinned(m)
     info = m.info()
     assert (info["version"]["mode"], info["version"]["why"], info["pinned"]) == ("pinned", "rollback", "10+12")
     update(m)
