@@ -105,7 +105,8 @@ class PredictRoutes:
         self.json_limits = tfs_json.Limits(
             max_elements=getattr(dep, "json_max_elements", tfs_json.DEFAULT_MAX_ELEMENTS))
         self.json_budget = MemoryBudget(getattr(dep, "json_decode_memory_bytes", DEFAULT_BUDGET))
-        self._more: list[tuple[re.Pattern, Callable[[re.Match, Receive, list], Awaitable[Reply]]]] = []
+        self._more: list[tuple[re.Pattern, Callable[[re.Match, Receive, list], Awaitable[Reply]],
+                               Callable[[re.Match, list, int], Now | None] | None]] = []
 
     def in_place(self, model: str, size: int) -> bool:
         """Whether a request decoded on the caller's thread (JSON, KServe v2) runs on the event
