@@ -11,10 +11,12 @@ Serving writes them (``Tensor::AsProtoField``): the typed field of the dtype (``
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from processor.dtypes import DT_BOOL, DT_HALF, DT_STRING, WIRE_TYPES, dtype_name, dtype_of_array
-from processor.errors import InvalidArgument
+from processor.errors import InvalidArgument, PayloadTooLarge
 
 _TYPED_FIELD = {  # dtype -> TensorProto repeated field holding its values
     1: "float_val", 2: "double_val", 3: "int_val", 4: "int_val", 5: "int_val", 6: "int_val",
@@ -22,7 +24,10 @@ _TYPED_FIELD = {  # dtype -> TensorProto repeated field holding its values
 }
 
 
-def to_numpy(name: str, proto) -> np.ndarray:
+def to_numpy(name: str, proto, max_bytes: int | None = None) -> np.ndarray:
+    """Input ``name``'s array. ``max_bytes``: the most bytes one value broadcast to the shape may
+    build (the server's ``max_request_bytes``: a tensor the client could not have sent whole); a
+    larger broadcast is PayloadTooLarge, before any memory is taken."""
     wire = WIRE_TYPES.get(proto.dtype)
     if wire is None:
         raise InvalidArgument(f"input {name!r}: dtype {dtype_name(proto.dtype)} is not supported")
@@ -31,10 +36,11 @@ def to_numpy(name: str, proto) -> np.ndarray:
     shape = tuple(d.size for d in proto.tensor_shape.dim)
     if any(d < 0 for d in shape):
         raise InvalidArgument(f"input {name!r}: negative dimension in shape {list(shape)}")
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)  # exact (a Python int): a shape past int64 is no smaller than it is
     if proto.dtype == DT_STRING:
         values = list(proto.string_val)
-        return _fit(name, np.array(values, dtype=object) if values else np.empty(0, object), shape, count)
+        return _fit(name, np.array(values, dtype=object) if values else np.empty(0, object), shape, count,
+                    max_bytes)
     if proto.tensor_content:
         item = wire.numpy.itemsize
         if len(proto.tensor_content) != count * item:
@@ -52,13 +58,16 @@ def to_numpy(name: str, proto) -> np.ndarray:
             flat = np.array(raw, dtype=np.bool_ if proto.dtype == DT_BOOL else wire.numpy)
     else:
         raise InvalidArgument(f"input {name!r}: send {dtype_name(proto.dtype)} in tensor_content")
-    return _fit(name, flat, shape, count)
+    return _fit(name, flat, shape, count, max_bytes)
 
 
-def _fit(name: str, flat: np.ndarray, shape: tuple[int, ...], count: int) -> np.ndarray:
+def _fit(name: str, flat: np.ndarray, shape: tuple[int, ...], count: int, max_bytes: int | None) -> np.ndarray:
     if flat.size == count:
         return flat.reshape(shape)
     if flat.size == 1:  # TensorFlow broadcasts a single value
+        if max_bytes is not None and count * flat.dtype.itemsize > max_bytes:
+            raise PayloadTooLarge(f"input {name!r}: one value broadcast to shape {list(shape)} makes "
+                                  f"{count} elements, over {max_bytes} bytes (max_request_bytes)")
         return np.full(shape, flat[0], dtype=flat.dtype)
     raise InvalidArgument(f"input {name!r}: shape {list(shape)} holds {count} values but "
                           f"{flat.size} were given")

@@ -56,7 +56,8 @@ class TfsService:
         name, version, label = _spec(request.model_spec)
 
         def work():
-            arrays = {key: tensor_proto.to_numpy(key, proto) for key, proto in request.inputs.items()}
+            limit = self.rt.deployment.max_request_bytes
+            arrays = {key: tensor_proto.to_numpy(key, proto, limit) for key, proto in request.inputs.items()}
             result = self.rt.dataplane.predict(PredictCall(
                 name, arrays, version=version, label=label, signature_name=request.model_spec.signature_name,
                 output_filter=list(request.output_filter), deadline=from_grpc(context), check_shapes=False))

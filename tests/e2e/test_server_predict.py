@@ -339,6 +339,16 @@ def test_bad_grpc_requests(server, channel):
 
     err = grpc_error(tfs_grpc, channel, "toy", {"x": np.array([["a"]], dtype=object)})
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "dtype" in err.details()
+    from tensorflow_serving.apis import predict_pb2 as tfs_predict_pb2
+
+    for dims in ((2**40, 2**40), (LIMIT, 1)):  # one value broadcast past max_request_bytes: refused, not built
+        request = tfs_predict_pb2.PredictRequest(model_spec={"name": "toy"})
+        request.inputs["x"].dtype = 1
+        request.inputs["x"].float_val.append(1.0)
+        for d in dims:
+            request.inputs["x"].tensor_shape.dim.add(size=d)
+        err = grpc_error(prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict, request)
+        assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_request_bytes" in err.details()
     err = grpc_error(tfs_grpc, channel, "toy", TOY_X, version=42)
     assert err.code() == grpc.StatusCode.NOT_FOUND and "Specific(toy, 42)" in err.details()
     err = grpc_error(tfs_grpc, channel, "toy", TOY_X, signature_name="other")

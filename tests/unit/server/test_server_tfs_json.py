@@ -8,7 +8,7 @@ import pytest
 
 from processor import request as call_checks
 from processor.dtypes import DT_BOOL, DT_FLOAT, DT_INT32, DT_INT64, DT_STRING
-from processor.errors import InvalidArgument, NotFound
+from processor.errors import InvalidArgument, NotFound, PayloadTooLarge
 from processor.signature import Signature, TensorSpec
 from processor.store.model_version import ModelVersion
 from server.http import tfs_json, tfs_json_encode
@@ -182,6 +182,17 @@ def test_tensor_proto_round_trip():
     typed = tensor_pb2.TensorProto(dtype=DT_FLOAT, float_val=[1.5])
     typed.tensor_shape.dim.add(size=2)
     assert tensor_proto.to_numpy("t", typed).tolist() == [1.5, 1.5]  # one value broadcasts
+    assert tensor_proto.to_numpy("t", typed, max_bytes=8).tolist() == [1.5, 1.5]  # within the limit
+    for dims in ((3,), (2**20, 2**20), (2**40, 2**40)):  # a tiny request may not build a huge tensor
+        huge = tensor_pb2.TensorProto(dtype=DT_FLOAT, float_val=[1.0])
+        for d in dims:
+            huge.tensor_shape.dim.add(size=d)
+        with pytest.raises(PayloadTooLarge, match=r"broadcast to shape .*\(max_request_bytes\)"):
+            tensor_proto.to_numpy("t", huge, max_bytes=8)
+    strings = tensor_pb2.TensorProto(dtype=DT_STRING, string_val=[b"a"])
+    strings.tensor_shape.dim.add(size=2**40)
+    with pytest.raises(PayloadTooLarge):
+        tensor_proto.to_numpy("t", strings, max_bytes=1 << 20)
     typed.float_val.extend([2.0, 3.0])
     with pytest.raises(InvalidArgument, match="holds 2 values but 3 were given"):
         tensor_proto.to_numpy("t", typed)
