@@ -79,6 +79,19 @@ def flocked(path: str | os.PathLike, how: int) -> Iterator[int]:
         os.close(fd)
 
 
+def lock_current(path: str | os.PathLike) -> int:
+    """``path`` opened (created if missing) and ``flock``-ed exclusively; returns the descriptor.
+    For lock files their last user removes: one removed (or replaced) between the open and the
+    lock is opened again, so the lock held is always on the file now at ``path``."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                return fd
+        os.close(fd)
+
+
 class ServerLock:
     """The supervisor's id and lock (see the module doc); stale servers are cleaned first."""
 
@@ -87,13 +100,7 @@ class ServerLock:
         self.removed_stale = clean_stale(self.directory)
         self.server_id = str(os.getpid())
         self._path = self.directory / f"{PREFIX}{self.server_id}.lock"
-        while True:  # another server's clean_stale may unlink the file between open and flock
-            self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-            with contextlib.suppress(FileNotFoundError):
-                if os.stat(self._path).st_ino == os.fstat(self._fd).st_ino:
-                    break
-            os.close(self._fd)
+        self._fd = lock_current(self._path)  # another server's clean_stale may unlink it meanwhile
 
     def remove(self) -> list[str]:
         """Remove every file of this server (segments left by workers included) and the lock."""
@@ -172,10 +179,23 @@ class Segment:
 
     @classmethod
     def open(cls, name: str, size: int, fill: Callable[[Path], None], shared_writes: bool = False) -> Segment:
+        return cls._open(name, size, fill, shared_writes)
+
+    @classmethod
+    def open_existing(cls, name: str, shared_writes: bool = False) -> Segment | None:
+        """Segment ``name`` mapped (its size as the file's) if a worker of this server created
+        it, else None."""
+        return cls._open(name, None, None, shared_writes)
+
+    @classmethod
+    def _open(cls, name: str, size: int | None, fill: Callable[[Path], None] | None,
+              shared_writes: bool) -> Segment | None:
         path = segment_path(name)
         server_id, directory = _active
         with flocked(directory / f"{PREFIX}{server_id}.create", fcntl.LOCK_EX):
             created = not path.exists()
+            if created and fill is None:
+                return None
             if created:
                 tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
                 try:
@@ -189,7 +209,7 @@ class Segment:
             fd = os.open(path, os.O_RDWR)
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH)
-                buffer = mmap.mmap(fd, size, flags=mmap.MAP_SHARED if shared_writes else mmap.MAP_PRIVATE,
+                buffer = mmap.mmap(fd, os.fstat(fd).st_size if size is None else size, flags=mmap.MAP_SHARED if shared_writes else mmap.MAP_PRIVATE,
                                    prot=mmap.PROT_READ | mmap.PROT_WRITE)
             except BaseException:
                 os.close(fd)

@@ -147,10 +147,12 @@ def load_model() -> Iterator[Callable[[Path], LoadedModel]]:
 @pytest.fixture
 def shm_worker(tmp_path, monkeypatch) -> Iterator[Path]:
     """This process as a worker of server id 424242 (processor.shared_segments) with its
-    segments in ``tmp_path``, which it yields; not a worker again afterwards."""
+    segments in ``tmp_path / "shm"``, which it yields; not a worker again afterwards."""
     from processor import shared_segments
 
+    shm = tmp_path / "shm"
+    shm.mkdir()
     monkeypatch.setattr(shared_segments, "_active", None)
-    shared_segments.enable("424242", tmp_path)
-    yield tmp_path
+    shared_segments.enable("424242", shm)
+    yield shm
     monkeypatch.setattr(shared_segments, "_active", None)

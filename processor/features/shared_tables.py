@@ -29,7 +29,6 @@ A source that does not say what it reads (no ``full_prefix``: test sources) is n
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import glob
 import hashlib
 import json
@@ -50,10 +49,6 @@ log = logging.getLogger("processor.features")
 ALIGN = 64
 MAGIC = b"SPTABLES"
 _HEAD = len(MAGIC) + 8
-
-
-class Vanished(Exception):
-    """The segment was removed between seeing it and mapping it (its last user released it)."""
 
 
 def version_name(kind: str, version: str, specs: Mapping[str, TableSpec], source: Any, *extra: str) -> str | None:
@@ -95,37 +90,17 @@ def building(name: str) -> Iterator[None]:
     """This server's lock of segment ``name`` (exclusive): who holds it builds, maps or gives up
     the version's tables; the others wait. The last release removes the lock file (a waiter that
     opened it before then takes the new one); the server's stop removes any left."""
-    lock = _build_lock(name)
-    while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            try:
-                current = os.stat(lock).st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:
-                current = False
-            if current:
-                yield
-                return
-        finally:
-            os.close(fd)
+    fd = shared_segments.lock_current(_build_lock(name))
+    try:
+        yield
+    finally:
+        os.close(fd)
 
 
 def map_existing(name: str) -> shared_segments.Segment | None:
     """Segment ``name`` mapped if a worker of this server published it, else None (hold
     :func:`building`)."""
-    try:
-        size = shared_segments.segment_path(name).stat().st_size
-    except FileNotFoundError:
-        return None
-
-    def gone(path) -> None:
-        raise Vanished(name)
-
-    try:
-        return shared_segments.Segment.open(name, size, gone)
-    except Vanished:
-        return None
+    return shared_segments.Segment.open_existing(name)
 
 
 def _aligned(n: int) -> int:

@@ -23,17 +23,6 @@ ROWS, DIM = 3000, 8
 
 
 @pytest.fixture
-def worker(tmp_path, monkeypatch):
-    """This process as a worker of server id 515151 with segments in ``tmp_path / "shm"``."""
-    shm = tmp_path / "shm"
-    shm.mkdir()
-    monkeypatch.setattr(shared_segments, "_active", None)
-    shared_segments.enable("515151", shm)
-    yield shm
-    monkeypatch.setattr(shared_segments, "_active", None)
-
-
-@pytest.fixture
 def checkpoint(tmp_path):
     """A full checkpoint: an EmbeddingVariable table (raw ids, freqs, versions) and a plain one."""
     rng = np.random.default_rng(7)
@@ -71,14 +60,14 @@ def shares_memory(arr: np.ndarray, segment) -> bool:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_two_workers_map_one_segment_and_serve_as_the_private_path(worker, checkpoint, monkeypatch, dtype):
+def test_two_workers_map_one_segment_and_serve_as_the_private_path(shm_worker, checkpoint, monkeypatch, dtype):
     prefix, tensors = checkpoint
     store = DramStore(dtype)
     first = store.open_version("run-10", specs(dtype), TableSource(prefix))
     second = store.open_version("run-10", specs(dtype), TableSource(prefix))
     assert first.shared.segment.created and not second.shared.segment.created
     assert first.shared.segment.path == second.shared.segment.path
-    assert segment_files(worker) == [first.shared.segment.path.name]
+    assert segment_files(shm_worker) == [first.shared.segment.path.name]
     for vt in (first, second):  # the tables' arrays are views of the segment, not copies
         ev, plain = vt.tables["ev"], vt.tables["plain"]
         for arr in (ev.values, ev.index._keys, ev.index._slots, ev.freqs, ev.versions, plain.values):
@@ -103,7 +92,7 @@ def test_two_workers_map_one_segment_and_serve_as_the_private_path(worker, check
             np.testing.assert_array_equal(vt.tables["ev"].lookup_reference(q)[0], expected[0].reshape(-1, DIM))
 
 
-def test_a_delta_in_one_worker_leaves_the_other_and_growth_goes_private(worker, checkpoint):
+def test_a_delta_in_one_worker_leaves_the_other_and_growth_goes_private(shm_worker, checkpoint):
     prefix, tensors = checkpoint
     store = DramStore()
     first = store.open_version("run-10", specs("float32"), TableSource(prefix))
@@ -136,10 +125,10 @@ def test_a_delta_in_one_worker_leaves_the_other_and_growth_goes_private(worker, 
     assert path.exists()  # the second still maps it
     second.release()
     second.release()  # idempotent
-    assert not path.exists() and leftovers(worker) == []
+    assert not path.exists() and leftovers(shm_worker) == []
 
 
-def test_names_differ_by_checkpoint_version_and_dtype(worker, checkpoint, tmp_path):
+def test_names_differ_by_checkpoint_version_and_dtype(shm_worker, checkpoint, tmp_path):
     prefix, tensors = checkpoint
     other = str(tmp_path / "ckpt" / "model.ckpt-20")
     write_tensors(other, tensors)
@@ -162,7 +151,7 @@ def test_outside_a_worker_nothing_is_shared(checkpoint, monkeypatch):
     assert vt.shared is None and "shared_memory" not in vt.describe()
 
 
-def test_a_full_shm_leaves_the_worker_its_own_copy(worker, checkpoint, monkeypatch, caplog):
+def test_a_full_shm_leaves_the_worker_its_own_copy(shm_worker, checkpoint, monkeypatch, caplog):
     prefix, tensors = checkpoint
 
     def full(name, tables):
@@ -173,7 +162,7 @@ def test_a_full_shm_leaves_the_worker_its_own_copy(worker, checkpoint, monkeypat
     assert vt.shared is None and "own copy" in vt.describe()["shared_memory"]
     assert "could not write the tables segment" in caplog.text
     np.testing.assert_array_equal(vt.lookup([("ev", tensors["ev-keys"][:4])])[0], tensors["ev-values"][:4])
-    assert segment_files(worker) == []
+    assert segment_files(shm_worker) == []
 
 
 def tiered(root, dtype="float32") -> TieredStore:
@@ -181,7 +170,7 @@ def tiered(root, dtype="float32") -> TieredStore:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_dram_ssd_files_written_once_and_the_index_shared(worker, checkpoint, tmp_path, monkeypatch, dtype):
+def test_dram_ssd_files_written_once_and_the_index_shared(shm_worker, checkpoint, tmp_path, monkeypatch, dtype):
     prefix, tensors = checkpoint
     store = tiered(tmp_path / "ssd", dtype)
     first = store.open_version("run-10", specs(dtype), TableSource(prefix))
@@ -207,7 +196,7 @@ def test_dram_ssd_files_written_once_and_the_index_shared(worker, checkpoint, tm
     private.release()
 
 
-def test_dram_ssd_delta_stays_in_its_worker_and_the_last_release_removes_the_files(worker, checkpoint, tmp_path):
+def test_dram_ssd_delta_stays_in_its_worker_and_the_last_release_removes_the_files(shm_worker, checkpoint, tmp_path):
     prefix, tensors = checkpoint
     first = tiered(tmp_path / "ssd").open_version("run-10", specs("float32"), TableSource(prefix))
     second = tiered(tmp_path / "ssd").open_version("run-10", specs("float32"), TableSource(prefix))
@@ -231,12 +220,12 @@ def test_dram_ssd_delta_stays_in_its_worker_and_the_last_release_removes_the_fil
     first.release()
     assert directory.exists() and second.shared.segment.path.exists()
     second.release()
-    assert not directory.exists() and leftovers(worker) == []
+    assert not directory.exists() and leftovers(shm_worker) == []
     tiered(tmp_path / "ssd").close()  # a worker's close leaves what others may use; here nothing is left
     assert not (tmp_path / "ssd").exists()
 
 
-def test_a_waiter_on_a_removed_lock_file_takes_a_new_one(worker):
+def test_a_waiter_on_a_removed_lock_file_takes_a_new_one(shm_worker):
     import threading
     import time
 
