@@ -72,7 +72,6 @@ import numpy as np
 from ...checkpoint.delta import CheckpointError, Delta, VariableInfo, read_delta
 from ...config import ModelConfig
 from ...errors import ConfigError, Internal, InvalidArgument
-from ... import shared_segments
 from ...store.model_version import ModelVersion
 from .. import device_plan, pinning
 from ..shared_update_gate import SharedUpdateGate
@@ -81,7 +80,7 @@ from ..string_hash import fingerprint
 from . import native_engine, placement, profile
 from .convert import prepare
 from .param_buffers import Parameters
-from .weights import map_parameters
+from .weights import host_parameters
 from .ort_env import ensure_global_thread_pools, global_pools_in_force, intra_op_affinities, ort as _ort
 from .ort_errors import engine_error as _engine_error
 
@@ -160,19 +159,9 @@ class OnnxRuntimeBackend:
                                                    self._prepared.model_path, plan.on_gpu)
         self._split = self._placement.split
         # workers > 1: the parameters live in one shared-memory segment for every worker
-        params = None
-        if shared_segments.active() is not None:
-            try:
-                # CPU lanes: a delta written once for every worker; GPU lanes keep private
-                # device copies a write in another worker never reaches, so each worker writes its own
-                params, self._segment, self._shared_gate = map_parameters(
-                    self._prepared.directory, self._prepared.manifest["parameters"],
-                    shared_writes=not plan.on_gpu, delta_step=version.delta_step, pinned=self._pinned)
-            except OSError as exc:  # /dev/shm full (Docker's 64 MB default): a private copy still serves
-                log.warning("parameters of %s not in shared memory (%s): this worker holds its own copy",
-                            self._prepared.directory.name, exc)
-        if params is None:
-            params = self._prepared.load_parameters()
+        params, self._segment, self._shared_gate = host_parameters(
+            self._prepared.directory, self._prepared.manifest["parameters"], on_gpu=plan.on_gpu,
+            delta_step=version.delta_step, pinned=self._pinned)
         self._parts = [self._placement.parts(self._prepared.model_path, self._session_target(index)[0],
                                              frozenset(params)) for index in range(plan.sessions)]
         needs: dict[int | None, set[str]] = {}

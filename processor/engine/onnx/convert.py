@@ -39,14 +39,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ...errors import Internal
 from ...shared_segments import flocked
 from ...signature import Signature
 from ...store.model_version import ModelVersion
 from .signature import signature_from_manifest, signature_of_onnx, signature_to_manifest
-from .weights import externalize_parameters, read_parameters
+from .weights import externalize_parameters
 from .from_tensorflow import OPSET, convert_savedmodel
 
 CONVERTER_REVISION = 3
@@ -87,10 +85,6 @@ class PreparedModel:
     def hashed_inputs(self) -> tuple[str, ...]:
         """Aliases of string inputs the backend must turn into uint64 fingerprints."""
         return tuple(self.manifest.get("hashed_inputs", ()))
-
-    def load_parameters(self) -> dict[str, np.ndarray]:
-        """Read every parameter into fresh numpy memory the caller owns (one copy per call)."""
-        return read_parameters(self.directory, self.manifest["parameters"])
 
 
 def prepare(savedmodel_dir: str, version: ModelVersion, signature_name: str) -> PreparedModel:

@@ -7,6 +7,7 @@ TF variable it holds (if any). Functions only; thread-safe.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,8 @@ from typing import Any
 import numpy as np
 
 from ...errors import Internal
+
+log = logging.getLogger(__name__)
 
 ALIGN = 64
 EXTERNAL_MIN_BYTES = 4096
@@ -69,6 +72,24 @@ def read_parameters(directory: Path, table: dict[str, Any]) -> dict[str, np.ndar
 
 
 GENERATIONS = 8  # segments of one cache entry at most (see map_parameters)
+
+
+def host_parameters(directory: Path, table: dict[str, Any], *, on_gpu: bool, delta_step: int, pinned: bool):
+    """A version's host parameters, ``(arrays, segment or None, gate or None)``: in a worker
+    process, over the server's shared segment (:func:`map_parameters`; CPU lanes share its
+    writes, GPU lanes keep device copies a write in another worker never reaches, so each worker
+    writes its own private pages); else, or when no segment can be had (``/dev/shm`` full:
+    Docker's 64 MB default; logged), read into this process's own memory."""
+    from ...shared_segments import active
+
+    if active() is not None:
+        try:
+            return map_parameters(directory, table, shared_writes=not on_gpu, delta_step=delta_step,
+                                  pinned=pinned)
+        except OSError as exc:
+            log.warning("parameters of %s not in shared memory (%s): this worker holds its own copy",
+                        directory.name, exc)
+    return read_parameters(directory, table), None, None
 
 
 def map_parameters(directory: Path, table: dict[str, Any], *, shared_writes: bool, delta_step: int,
