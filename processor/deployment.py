@@ -57,6 +57,9 @@ class ModelEntry(BaseModel):
     # worker threads that run this model's requests; default: two per session, and with batching
     # enough to fill a batch (a request waiting for its batch holds a thread)
     inference_threads: int | None = Field(None, ge=1, le=1024)
+    # requests that may wait for those threads, from every edge together; one more is refused
+    # at once with 503 / UNAVAILABLE (server/model_pool.py); None: no bound
+    max_queued_requests: int | None = Field(None, ge=0, le=1_000_000)
 
     @property
     def lanes(self) -> int:
@@ -91,7 +94,6 @@ class DeploymentConfig(BaseModel):
     admin_token_env: str | None = Field(None, min_length=1)
     # SIGTERM: refuse new requests, wait this long for in-flight ones, then exit
     drain_timeout_seconds: float = Field(30.0, ge=0, le=3600)
-    grpc_max_workers: int | None = Field(None, ge=1, le=1024)
     # server processes on the same ports (SO_REUSEPORT), watched by one supervisor (issue 24,
     # server/supervisor.py); 1: today's single process
     workers: int = Field(1, ge=1, le=256)
@@ -290,7 +292,8 @@ class DeploymentConfig(BaseModel):
         if out.get("admin_token"):
             out["admin_token"] = "***"
         out["models"] = [{"name": m.name, "model_config": m.config.redacted(),
-                          "version_labels": m.version_labels, "inference_threads": m.threads}
+                          "version_labels": m.version_labels, "inference_threads": m.threads,
+                          "max_queued_requests": m.max_queued_requests}
                          for m in self.models]
         return out
 
@@ -299,7 +302,7 @@ def _model_entry(index: int, item: Any) -> ModelEntry:
     where = f"models[{index}]"
     if not isinstance(item, dict):
         raise ConfigError(f"{where}: expected an object with \"name\" and \"model_config\"")
-    known = {"name", "model_config", "version_labels", "inference_threads"}
+    known = {"name", "model_config", "version_labels", "inference_threads", "max_queued_requests"}
     name = item.get("name")
     if isinstance(name, str):
         where = f"{where} {shorten(name, 80)}"
@@ -322,7 +325,8 @@ def _model_entry(index: int, item: Any) -> ModelEntry:
                 raise ConfigError(f"{where}.version_labels: label {shorten(label, 80)} must match {LABEL_PATTERN}")
     try:
         return ModelEntry(name=name, model_config=config, raw_config=raw,
-                          version_labels=labels, inference_threads=item.get("inference_threads"))
+                          version_labels=labels, inference_threads=item.get("inference_threads"),
+                          max_queued_requests=item.get("max_queued_requests"))
     except ValidationError as exc:
         raise ConfigError(describe_validation_error(exc, prefix=f"{where}.")) from None
 

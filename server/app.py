@@ -97,7 +97,7 @@ class ServingApp:
             if self.runtime.admin_journal is not None:  # serve what the other workers serve
                 await loop.run_in_executor(None, self.runtime.admin_journal.start)
         if dep.grpc_port is not None:
-            from .grpc.server import add_grpc_port, create_grpc_server
+            from .grpc.server import create_grpc_server
 
             credentials = None
             if dep.grpc_tls_on:
@@ -107,7 +107,7 @@ class ServingApp:
             self._grpc, self.grpc_port, self._health = create_grpc_server(
                 self.runtime, dep.host, dep.grpc_port, credentials)
             if dep.grpc_plaintext_port is not None:
-                self.grpc_plaintext_port = add_grpc_port(self._grpc, dep.host, dep.grpc_plaintext_port)
+                self.grpc_plaintext_port = self._grpc.add_port(dep.host, dep.grpc_plaintext_port)
             self._grpc.start()
         http_tasks = []
         for attr, port, tls, probes in self._http_listeners():
@@ -248,7 +248,7 @@ class ServingApp:
             server.config.timeout_graceful_shutdown = 1 if drained else 0
         if self._grpc is not None:
             grace = 0.5 if drained else 0
-            await asyncio.get_running_loop().run_in_executor(None, lambda: self._grpc.stop(grace).wait(5))
+            await asyncio.get_running_loop().run_in_executor(None, self._grpc.stop, grace)
 
 
 def _bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:

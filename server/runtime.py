@@ -5,8 +5,9 @@ models are a :class:`~processor.served_model.ModelRegistry` (each model composed
 ABI's Processor composes its one), its requests go through one
 :class:`~processor.dataplane.DataPlane`. Transports stay thin: they parse their wire
 format, wrap the call in :meth:`ServingRuntime.track` (drain gate, metrics, access log), run the
-DataPlane call (HTTP: on the model's own thread pool, off the event loop), and map a
-:class:`~processor.errors.ProcessorError` once through ``STATUS_TABLE``.
+DataPlane call under the one concurrency rule of every edge (:meth:`ServingRuntime.serve`: in
+place on the edge's event loop, or on the model's own pool, :mod:`server.model_pool`), and map
+a :class:`~processor.errors.ProcessorError` once through ``STATUS_TABLE``.
 
 Model loading happens on background threads: a model that fails to load is reported unready
 (state ``failed`` and its error in model info, 503 on its requests) while the others serve.
@@ -15,15 +16,12 @@ Thread-safe.
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
 import gc
 import logging
 import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from processor.echo import cut
@@ -36,6 +34,7 @@ from .access_log import AccessLog
 from .drain import DrainGate
 from .logs import request_id_var
 from .metrics import UNKNOWN_MODEL, ServerMetrics
+from .model_pool import ModelPool
 
 log = logging.getLogger("server")
 
@@ -53,9 +52,9 @@ class ServingRuntime:
         self.metrics = ServerMetrics(lambda: self.models, self._batching_info)
         self.admin_token = deployment.resolved_admin_token()
         self.access_log = AccessLog(deployment.access_log, deployment.access_log_sample_rate)
-        self._executors = {
-            m.name: ThreadPoolExecutor(m.threads or 2, thread_name_prefix=f"sp-infer-{m.name}")
-            for m in self.models}
+        entries = {e.name: e for e in deployment.models}
+        self._pools = {m.name: ModelPool(m.name, m.threads or 2, _max_queued(entries.get(m.name)))
+                       for m in self.models}
         self._update_lock = threading.Lock()
         self._loaders: list[threading.Thread] = []
         self.on_model_ready: list[Callable[[str], None]] = []  # called with the model name
@@ -126,17 +125,34 @@ class ServingRuntime:
 
     # --- request path -----------------------------------------------------------------------
 
-    def executor(self, name: str) -> ThreadPoolExecutor:
+    def pool(self, name: str) -> ModelPool:
         """The model's inference pool; NotFound for an unknown model."""
-        executor = self._executors.get(name)
-        if executor is None:
+        pool = self._pools.get(name)
+        if pool is None:
             self.models.get(name)  # raises NotFound with the list of served models
-        return executor
+        return pool
 
     async def run(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run ``fn(*args)`` on the model's pool (keeps the event loop free), context copied."""
-        ctx = contextvars.copy_context()
-        return await asyncio.get_running_loop().run_in_executor(self.executor(name), ctx.run, fn, *args)
+        """Run ``fn(*args)`` on the model's pool (keeps the event loop free), context copied;
+        QueueFull (503) when the model's ``max_queued_requests`` requests already wait."""
+        return await self.pool(name).run(fn, *args)
+
+    def in_place(self, name: str, size: int) -> bool:
+        """Whether a request of ``size`` bytes to model ``name`` that is decoded on the caller's
+        thread runs right there, on the event loop, rather than on the model's pool: a body of
+        at most ``inline_max_request_bytes`` for a model that runs in place
+        (``DataPlane.runs_in_place``: native engine, no batching, no tracing). For such a
+        request the hop to a pool costs more CPU than the work."""
+        return size <= self.deployment.inline_max_request_bytes and self.dataplane.runs_in_place(name)
+
+    async def serve(self, name: str, size: int, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``, model ``name``'s work for a request of ``size`` bytes, under the one
+        concurrency rule every edge (HTTP, gRPC, each protocol) follows: here and now when
+        :meth:`in_place`, else on the model's own pool (:meth:`run`), so one slow model's
+        queue never holds another model's requests."""
+        if self.in_place(name, size):
+            return fn(*args)
+        return await self.run(name, fn, *args)
 
     def track(self, model: str, protocol: str, api: str) -> RequestTrack:
         """Around one request (``with rt.track(...)``): refuse when draining, count in flight,
@@ -205,8 +221,8 @@ class ServingRuntime:
 
     def close(self) -> None:
         self.models.drain(timeout=self.deployment.drain_timeout_seconds)  # runs what is still queued
-        for executor in self._executors.values():
-            executor.shutdown(wait=False, cancel_futures=True)
+        for pool in self._pools.values():
+            pool.shutdown()
         try:
             self.models.close()
         finally:
@@ -259,6 +275,12 @@ class RequestTrack:
         # a client's model name cut as error messages cut it
         AccessLog.error(self.protocol, self.api, cut(model), label, version, code, err.message, seconds,
                         request_id_var.get())
+
+
+def _max_queued(entry) -> int | None:
+    """A deployment entry's ``max_queued_requests`` (None: unbounded, and for models the
+    deployment does not list: tests' registries)."""
+    return entry.max_queued_requests if entry is not None else None
 
 
 def tune_gc() -> None:

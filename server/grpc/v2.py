@@ -4,17 +4,14 @@ ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata and ModelInfe
 tritonclient and KServe's SDK call them (``protos/grpc_predict_v2.proto``). Inputs come as
 ``raw_input_contents`` or typed ``contents``; outputs go back as ``raw_output_contents``
 (Triton's choice; FP16 and BF16 have no typed field). The protocol is
-:mod:`server.open_inference`; each call runs inside the handlers' ``_call`` (request id, drain
-gate, metrics, error mapping). Requests arrive as bytes and are parsed inside the handler, so
-bytes that are not the method's message are INVALID_ARGUMENT, answered and counted like any bad
-request (grpcio's own deserializer would answer INTERNAL and log a traceback).
+:mod:`server.open_inference`; each call goes through the server's interceptor
+(:mod:`.interceptor`: parsing, request id, drain gate, metrics, error mapping; ServerLive,
+ServerReady and ServerMetadata, about the server itself, are not counted); ModelInfer's work
+runs where ``ServingRuntime.serve`` says.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-import grpc
 import numpy as np
 
 from processor.errors import InvalidArgument
@@ -22,7 +19,8 @@ from processor.proto import grpc_predict_v2_pb2 as pb
 
 from .. import open_inference as oip
 from ..deadline import from_grpc
-from . import parse
+from ..runtime import ServingRuntime
+from .interceptor import Method, Service
 
 SERVICE = "inference.GRPCInferenceService"
 
@@ -37,47 +35,44 @@ _FIELD_TYPES = {"bool_contents": np.bool_, "int_contents": np.int32, "int64_cont
 
 
 class V2Service:
-    """The service's methods over the server's handlers (``server.grpc.server._Handlers``)."""
+    """The service's methods (async handlers under the server's interceptor)."""
 
-    def __init__(self, handlers) -> None:
-        self.h = handlers
-        self.rt = handlers.rt
+    def __init__(self, rt: ServingRuntime) -> None:
+        self.rt = rt
 
-    def server_live(self, request, context) -> pb.ServerLiveResponse:
+    async def server_live(self, request, context) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
 
-    def server_ready(self, request, context) -> pb.ServerReadyResponse:
+    async def server_ready(self, request, context) -> pb.ServerReadyResponse:
         return pb.ServerReadyResponse(ready=self.rt.ready)
 
-    def model_ready(self, request, context) -> pb.ModelReadyResponse:
+    async def model_ready(self, request, context) -> pb.ModelReadyResponse:
         # a version that is not served is ready=false here (tritonclient's is_model_ready reads
         # the flag); an unknown model is NOT_FOUND
-        return self.h._call("v2_model_ready", request.name, context, lambda: pb.ModelReadyResponse(
-            ready=oip.model_ready(self.rt, request.name, request.version or None, unserved_version=False)))
+        return pb.ModelReadyResponse(
+            ready=oip.model_ready(self.rt, request.name, request.version or None, unserved_version=False))
 
-    def server_metadata(self, request, context) -> pb.ServerMetadataResponse:
+    async def server_metadata(self, request, context) -> pb.ServerMetadataResponse:
         return pb.ServerMetadataResponse(**oip.server_metadata())
 
-    def model_metadata(self, request, context) -> pb.ModelMetadataResponse:
-        def work() -> pb.ModelMetadataResponse:
-            meta = oip.model_metadata(self.rt, request.name, request.version or None)
-            return pb.ModelMetadataResponse(
-                name=meta["name"], versions=meta["versions"], platform=meta["platform"],
-                inputs=[pb.ModelMetadataResponse.TensorMetadata(**t) for t in meta["inputs"]],
-                outputs=[pb.ModelMetadataResponse.TensorMetadata(**t) for t in meta["outputs"]])
-        return self.h._call("v2_metadata", request.name, context, work)
+    async def model_metadata(self, request, context) -> pb.ModelMetadataResponse:
+        meta = oip.model_metadata(self.rt, request.name, request.version or None)
+        return pb.ModelMetadataResponse(
+            name=meta["name"], versions=meta["versions"], platform=meta["platform"],
+            inputs=[pb.ModelMetadataResponse.TensorMetadata(**t) for t in meta["inputs"]],
+            outputs=[pb.ModelMetadataResponse.TensorMetadata(**t) for t in meta["outputs"]])
 
-    def model_infer(self, request, context) -> pb.ModelInferResponse:
-        def work() -> pb.ModelInferResponse:
-            number, outputs = oip.infer(self.rt, request.model_name, request.model_version or None,
-                                        _inputs(request), [o.name for o in request.outputs] or None,
-                                        from_grpc(context))
-            response = pb.ModelInferResponse(model_name=request.model_name, model_version=number, id=request.id)
-            for name, array in outputs.items():
-                response.outputs.add(name=name, datatype=oip.datatype_of(array), shape=array.shape)
-                response.raw_output_contents.append(oip.raw_bytes(array))
-            return response
-        return self.h._call("v2_infer", request.model_name, context, work)
+    async def model_infer(self, request, context) -> pb.ModelInferResponse:
+        return await self.rt.serve(request.model_name, request.ByteSize(), self._infer, request, from_grpc(context))
+
+    def _infer(self, request, deadline: float | None) -> pb.ModelInferResponse:
+        number, outputs = oip.infer(self.rt, request.model_name, request.model_version or None,
+                                    _inputs(request), [o.name for o in request.outputs] or None, deadline)
+        response = pb.ModelInferResponse(model_name=request.model_name, model_version=number, id=request.id)
+        for name, array in outputs.items():
+            response.outputs.add(name=name, datatype=oip.datatype_of(array), shape=array.shape)
+            response.raw_output_contents.append(oip.raw_bytes(array))
+        return response
 
 
 def _inputs(request) -> list[oip.InferInput]:
@@ -116,19 +111,27 @@ def _typed(values, field: str) -> np.ndarray:
     return np.fromiter(values, kind, count=len(values))
 
 
-def generic_handler(handlers) -> grpc.GenericRpcHandler:
-    service = V2Service(handlers)
+def _name(request, context) -> str:
+    return request.name
 
-    def unary(fn: Any, request_type: Any, response_type: Any, api: str) -> grpc.RpcMethodHandler:
-        return parse.unary(fn, request_type, response_type, handlers._call, api)
 
-    return grpc.method_handlers_generic_handler(SERVICE, {
-        "ServerLive": unary(service.server_live, pb.ServerLiveRequest, pb.ServerLiveResponse, "v2_live"),
-        "ServerReady": unary(service.server_ready, pb.ServerReadyRequest, pb.ServerReadyResponse, "v2_ready"),
-        "ModelReady": unary(service.model_ready, pb.ModelReadyRequest, pb.ModelReadyResponse, "v2_model_ready"),
-        "ServerMetadata": unary(service.server_metadata, pb.ServerMetadataRequest, pb.ServerMetadataResponse,
-                                "v2_server_metadata"),
-        "ModelMetadata": unary(service.model_metadata, pb.ModelMetadataRequest, pb.ModelMetadataResponse,
-                               "v2_metadata"),
-        "ModelInfer": unary(service.model_infer, pb.ModelInferRequest, pb.ModelInferResponse, "v2_infer"),
+def _model_name(request, context) -> str:
+    return request.model_name
+
+
+def service(rt: ServingRuntime) -> Service:
+    v2 = V2Service(rt)
+    return Service(SERVICE, {
+        "ServerLive": (v2.server_live, Method("v2_live", pb.ServerLiveRequest, pb.ServerLiveResponse,
+                                              tracked=False)),
+        "ServerReady": (v2.server_ready, Method("v2_ready", pb.ServerReadyRequest, pb.ServerReadyResponse,
+                                                tracked=False)),
+        "ModelReady": (v2.model_ready, Method("v2_model_ready", pb.ModelReadyRequest, pb.ModelReadyResponse,
+                                              _name)),
+        "ServerMetadata": (v2.server_metadata, Method("v2_server_metadata", pb.ServerMetadataRequest,
+                                                      pb.ServerMetadataResponse, tracked=False)),
+        "ModelMetadata": (v2.model_metadata, Method("v2_metadata", pb.ModelMetadataRequest,
+                                                    pb.ModelMetadataResponse, _name)),
+        "ModelInfer": (v2.model_infer, Method("v2_infer", pb.ModelInferRequest, pb.ModelInferResponse,
+                                              _model_name)),
     })

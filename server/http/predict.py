@@ -108,12 +108,6 @@ class PredictRoutes:
         self._more: list[tuple[re.Pattern, Callable[[re.Match, Receive, list], Awaitable[Reply]],
                                Callable[[re.Match, list, int], Now | None] | None]] = []
 
-    def in_place(self, model: str, size: int) -> bool:
-        """Whether a request decoded on the caller's thread (JSON, KServe v2) runs on the event
-        loop rather than the model's pool: a body of at most ``inline_max_request_bytes``
-        (``size``) for a model that runs in place (``DataPlane.runs_in_place``)."""
-        return size <= self.inline_bytes and self.rt.dataplane.runs_in_place(model)
-
     def add(self, pattern: re.Pattern, handler: Callable[[re.Match, Receive, list], Awaitable[Reply]],
             lean: Callable[[re.Match, list, int], Now | None] | None = None) -> None:
         """Answer POSTs whose path matches ``pattern`` with ``handler(match, receive, headers)``
@@ -158,7 +152,7 @@ class PredictRoutes:
         ``inline_max_request_bytes`` and no percent-escape in the URL, to our wire format for a
         model whose last request ran in place (``DataPlane.inline_hint``: the engine decides
         per request), to TF Serving REST or a route :meth:`add`-ed with ``lean`` for a model that
-        runs in place (``DataPlane.runs_in_place``: they decode on the caller's thread)."""
+        runs in place (``ServingRuntime.in_place``: they decode on the caller's thread)."""
         if not self.inline_bytes or b"%" in url:
             return None
         length = header(headers, b"content-length")
@@ -210,9 +204,7 @@ class PredictRoutes:
             with self.json_budget.hold() as hold:
                 body = await read_body(receive, headers, self.json_limit, hold, self.json_setting)
                 args = self._tfs_args(m, body, deadline, hold)
-                if self.in_place(name, len(body)):
-                    return Reply(200, tfs_predict(*args))
-                return Reply(200, await self.rt.run(name, tfs_predict, *args))
+                return Reply(200, await self.rt.serve(name, len(body), tfs_predict, *args))
         return await tracked(self.rt, name, f"tfs_{method}", work, error_reply)
 
     def _tfs_args(self, m: re.Match, body: bytes | bytearray, deadline: float | None, hold: Hold) -> tuple:
@@ -224,7 +216,7 @@ class PredictRoutes:
     def _tfs_lean(self, m: re.Match, length: int) -> Now | None:
         """:meth:`tfs` on the lean path (see :meth:`lean_admit`)."""
         name = m.group(1)
-        if length > self.json_limit or not self.in_place(name, length):
+        if length > self.json_limit or not self.rt.in_place(name, length):
             return None
 
         return self.budgeted_now(name, f"tfs_{m.group(4).lower()}", lambda body, deadline, hold: Reply(

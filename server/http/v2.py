@@ -103,7 +103,7 @@ def register(app, rt: ServingRuntime, errors: dict, routes: PredictRoutes) -> No
                 body = await read_body(receive, headers, limit, hold, setting)
                 limits = BodyLimits(limit, setting, routes.json_limits.max_elements, hold)
                 args = (rt, model, version, body, header_length, deadline, limits, encoding)
-                if encoding is None and routes.in_place(model, len(body)):
+                if encoding is None and rt.in_place(model, len(body)):
                     return infer_http(*args)
                 return await rt.run(model, infer_http, *args)
         return await tracked(rt, model, "v2_infer", work, error_reply)
@@ -115,7 +115,7 @@ def register(app, rt: ServingRuntime, errors: dict, routes: PredictRoutes) -> No
         header_length = header(headers, b"inference-header-content-length")
         limit, setting = ((routes.json_limit, routes.json_setting) if header_length is None
                           else (routes.limit, "max_request_bytes"))
-        if header(headers, b"content-encoding") is not None or length > limit or not routes.in_place(model, length):
+        if header(headers, b"content-encoding") is not None or length > limit or not rt.in_place(model, length):
             return None
 
         return routes.budgeted_now(model, "v2_infer", lambda body, deadline, hold: infer_http(

@@ -156,7 +156,7 @@ def deployment(**kw):
 @pytest.mark.parametrize("key,value", [
     ("http_port", "8080"), ("grpc_port", True), ("max_request_bytes", 1048576.0),
     ("drain_timeout_seconds", "30"), ("drain_timeout_seconds", float("inf")), ("access_log", "yes"),
-    ("enable_docs", 1), ("grpc_max_workers", "4"), ("host", 0),
+    ("enable_docs", 1), ("grpc_max_concurrent_rpcs", "4"), ("host", 0),
 ])
 def test_deployment_wrong_types_are_refused(key, value):
     with pytest.raises(ConfigError) as err:
@@ -167,6 +167,8 @@ def test_deployment_wrong_types_are_refused(key, value):
 @pytest.mark.parametrize("entry,key", [
     ({"inference_threads": "2"}, "models[0] 'm'.inference_threads"),
     ({"inference_threads": True}, "models[0] 'm'.inference_threads"),
+    ({"max_queued_requests": "2"}, "models[0] 'm'.max_queued_requests"),
+    ({"max_queued_requests": -1}, "models[0] 'm'.max_queued_requests"),
     ({"version_labels": {"stable": "1"}}, "models[0] 'm'.version_labels.stable"),
     ({"version_labels": {"stable": True}}, "models[0] 'm'.version_labels.stable"),
     ({"model_config": {**BASE, "session_num": "2"}}, "models[0] 'm'.model_config.session_num"),

@@ -54,3 +54,6 @@ _.openapi  # FastAPI calls app.openapi() for /openapi.json (our patched schema)
 # Parameters a protocol fixes: __exit__'s traceback, ssl's SNI callback's server name.
 tb
 server_name
+
+# grpc.aio calls a server interceptor's hook for every call (server/grpc/interceptor.py).
+_.intercept_service

@@ -152,7 +152,7 @@ def test_the_grpc_api_is_disabled_with_a_warning_without_the_package(unbuilt, mo
     from server.grpc import tfs
 
     monkeypatch.setattr(tfs_messages, "_ROOTS", ("no_such_serving_package.apis.predict_pb2",))
-    assert tfs.generic_handlers(handlers=None) == []
+    assert tfs.services(rt=None) == []
     assert "TF Serving gRPC API disabled" in caplog.text
 
 

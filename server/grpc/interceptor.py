@@ -1,0 +1,160 @@
+"""The one place every gRPC call of ours goes through: request id, parsing, tracking, errors.
+
+:class:`EdgeInterceptor` (a ``grpc.aio.ServerInterceptor``) wraps each method the server
+registers with a :class:`Method` (ours, TF Serving's, KServe v2's) once, on its first call, and
+then for every call:
+
+* the request id: the ``x-request-id`` metadata when it is sane, else a new one
+  (:func:`server.logs.new_request_id`), set for the call's logs and echoed in the trailing
+  metadata;
+* the request bytes parsed here, not by grpcio: grpcio's ``request_deserializer`` runs before
+  any handler, so bytes that are not the method's message would end as INTERNAL ("Exception
+  deserializing request!") with a traceback in the log, neither counted nor access-logged; here
+  they are INVALID_ARGUMENT, counted and logged like any bad request;
+* the call tracked (``ServingRuntime.track``: drain gate, in-flight gauge, metrics, access log)
+  under the model the :class:`Method` names;
+* any error mapped once (:func:`abort`: ``STATUS_TABLE``'s status and the message).
+
+Handlers under it are ``async def handler(request, context)`` that return the response message
+or raise; where a method's model work runs is theirs to say, through ``ServingRuntime.serve``
+(the one concurrency rule of every edge). Thread-safe: one event loop runs every call.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from processor.echo import shorten
+from processor.errors import InvalidArgument, edge_error
+
+from ..logs import new_request_id, request_id_var
+from ..runtime import ServingRuntime
+
+log = logging.getLogger("server.grpc")
+
+MAX_MESSAGE = 4096  # characters of an error message sent (a client's metadata limit is 8-16 KiB)
+Handler = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
+
+
+async def abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
+    """The one mapping of an error to gRPC: STATUS_TABLE's status name and the message. Raises
+    (``grpc.aio.AbortError``), as ``context.abort`` does."""
+    err = edge_error(exc, "grpc", log)
+    message = err.message  # it travels in the trailing metadata: never past a client's limit
+    if len(message) > MAX_MESSAGE:
+        message = f"{message[:MAX_MESSAGE]}... ({len(message)} characters)"
+    await context.abort(grpc.StatusCode[err.edge.grpc], message)
+
+
+def metadata(context: grpc.aio.ServicerContext, keys: tuple[str, ...]) -> str | None:
+    """The first value of any of ``keys`` in the call's metadata, or None."""
+    for key, value in context.invocation_metadata() or ():
+        if key in keys:
+            return value if isinstance(value, str) else value.decode("latin-1")
+    return None
+
+
+def _no_model(request: Any, context: grpc.aio.ServicerContext) -> str:
+    return ""
+
+
+@dataclass(frozen=True)
+class Method:
+    """How the interceptor treats one unary method's calls. ``api``: the metrics and access-log
+    name; ``request_type``: the message the request bytes are parsed into (None: the handler
+    gets the bytes); ``response_type``: the message the handler returns (None: bytes);
+    ``model``: the model a call is counted under, from its request and metadata;
+    ``tracked``: False for calls about the server itself (liveness), which are neither counted
+    nor access-logged (their errors are still mapped)."""
+
+    api: str
+    request_type: Any = None
+    response_type: Any = None
+    model: Callable[[Any, grpc.aio.ServicerContext], str] = _no_model
+    tracked: bool = True
+
+    def parse(self, data: bytes) -> tuple[Any, InvalidArgument | None]:
+        """(the request, None), or (None, the InvalidArgument that answers bytes that are not
+        the method's message)."""
+        if self.request_type is None:
+            return data, None
+        try:
+            return self.request_type.FromString(data), None
+        except (DecodeError, ValueError, RecursionError) as exc:
+            return None, InvalidArgument(
+                f"the request is not a serialized {self.request_type.DESCRIPTOR.full_name} "
+                f"({len(data)} bytes): {shorten(str(exc), 120)}")
+
+
+class Service:
+    """One gRPC service of ours: its methods' handlers and :class:`Method` entries, registered
+    with grpcio as bytes-in handlers (:meth:`generic_handler`), their behaviour the
+    interceptor's (:meth:`methods`)."""
+
+    def __init__(self, name: str, methods: dict[str, tuple[Handler, Method]]) -> None:
+        self.name = name
+        self._methods = methods
+
+    def generic_handler(self) -> grpc.GenericRpcHandler:
+        handlers = {}
+        for name, (handler, method) in self._methods.items():
+            serialize = method.response_type.SerializeToString if method.response_type is not None else None
+            # no request deserializer: the interceptor parses (see the module doc)
+            handlers[name] = grpc.unary_unary_rpc_method_handler(handler, response_serializer=serialize)
+        return grpc.method_handlers_generic_handler(self.name, handlers)
+
+    def methods(self) -> dict[str, Method]:
+        """Per full method path (``/service/Method``), its :class:`Method`."""
+        return {f"/{self.name}/{name}": method for name, (_, method) in self._methods.items()}
+
+
+class EdgeInterceptor(grpc.aio.ServerInterceptor):
+    """See the module doc. ``methods``: per full method path, its :class:`Method`; any other
+    method (the standard health service) passes through untouched."""
+
+    def __init__(self, rt: ServingRuntime, methods: dict[str, Method]) -> None:
+        self.rt = rt
+        self._methods = methods
+        self._wrapped: dict[str, grpc.RpcMethodHandler] = {}  # built once per method
+
+    async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+                                details: grpc.HandlerCallDetails) -> Any:
+        wrapped = self._wrapped.get(details.method)
+        if wrapped is not None:
+            return wrapped
+        handler = await continuation(details)
+        method = self._methods.get(details.method)
+        if handler is None or method is None or handler.unary_unary is None:
+            return handler
+        wrapped = grpc.unary_unary_rpc_method_handler(self._wrap(method, handler.unary_unary),
+                                                      response_serializer=handler.response_serializer)
+        self._wrapped[details.method] = wrapped
+        return wrapped
+
+    def _wrap(self, method: Method, handler: Handler) -> Handler:
+        rt = self.rt
+
+        async def call(data: bytes, context: grpc.aio.ServicerContext) -> Any:
+            rid = new_request_id(metadata(context, ("x-request-id",)))
+            token = request_id_var.set(rid)
+            context.set_trailing_metadata((("x-request-id", rid),))
+            try:
+                request, problem = method.parse(data)
+                if problem is None and not method.tracked:
+                    return await handler(request, context)
+                model = method.model(request, context) if problem is None else ""
+                with rt.track(model, "grpc", method.api):
+                    if problem is not None:
+                        raise problem
+                    return await handler(request, context)
+            except Exception as exc:
+                await abort(context, exc)
+            finally:
+                request_id_var.reset(token)
+        return call
