@@ -84,14 +84,10 @@ class DataPlane:
         goes through :meth:`_answer`.
         """
         model = call.model
-        if call.deadline is not None:
-            _check_deadline(model, call.deadline)
         manager = self._managers.get(model)
         if manager is None:
             self._registry.get(model)  # raises NotFound with the list of models
-        version = call.version
-        if call.label is not None:
-            version = requested_version(model, version, call.label, self._labels[model])
+        version = self._version(call)
         rec = self._begin_trace(model) if self._tracers else None
         if self._loggers:
             logger = self._loggers.get(model)
@@ -123,11 +119,7 @@ class DataPlane:
         manager = self._managers.get(model)
         if manager is None:
             return None
-        if call.deadline is not None:
-            _check_deadline(model, call.deadline)
-        version = call.version
-        if call.label is not None:
-            version = requested_version(model, version, call.label, self._labels[model])
+        version = self._version(call)
         logger = self._loggers.get(model) if self._loggers else None
         pending = logger.begin(call) if logger is not None else None
         if pending is not None:
@@ -137,6 +129,46 @@ class DataPlane:
         if self._inlined.get(model) is not (result is not None):
             self._inlined[model] = result is not None
         return result
+
+    def queue_batched(self, call: PredictCall, notify_fd: int) -> BatchedCall | None:
+        """For event loops: ``call`` queued on its batching model's native queue without a
+        thread to wait on it (``ModelBatching.queue``); the BatchedCall, whose ``ticket.done``
+        turns true, and ``notify_fd`` (an eventfd) is written, once its batch ran. None where
+        nothing was queued: not untraced, unlogged, non-empty wire bytes to a batching model, a
+        version with no native queue, an update running, a request the queue does not take
+        (then run :meth:`predict` on a thread). Raises ProcessorError as :meth:`predict` does
+        (NotFound, a version or signature not served, the queue's refusal)."""
+        model, inputs = call.model, call.inputs
+        batching = self._batching.get(model)
+        if (batching is None or inputs.__class__ not in _WIRE or not inputs or model in self._tracers
+                or model in self._loggers):
+            return None
+        version = self._version(call)
+        handle = self._managers[model].acquire_handle()
+        try:
+            group = handle.group
+            if version is not None or call.signature_name:
+                group = _check_call(model, group, version, call.signature_name)
+            queued = batching.queue(group, inputs, call.deadline, notify_fd)
+        except ProcessorError:
+            handle.release()
+            raise
+        except Exception as exc:
+            handle.release()
+            raise as_processor_error(exc) from exc
+        if queued is None:
+            handle.release()
+            return None
+        return BatchedCall(handle, group, queued)
+
+    def _version(self, call: PredictCall) -> int | None:
+        """The version ``call`` asks for, its label resolved; DeadlineExceeded when its deadline
+        passed already (a served model's call)."""
+        if call.deadline is not None:
+            _check_deadline(call.model, call.deadline)
+        if call.label is not None:
+            return requested_version(call.model, call.version, call.label, self._labels[call.model])
+        return call.version
 
     def runs_in_place(self, model: str) -> bool:
         """Whether ``model``'s small requests may run on the caller's own thread, an event loop:
@@ -293,12 +325,8 @@ class DataPlane:
         own), all on one acquire of the served version: TF Serving's MultiInference, one input
         for several signatures. Arrays and decoders only; ``call.signature_name`` is ignored.
         Raises ProcessorError (the first task's failure)."""
-        if call.deadline is not None:
-            _check_deadline(call.model, call.deadline)
         model = self._registry.get(call.model)
-        version = call.version
-        if call.label is not None:
-            version = requested_version(call.model, version, call.label, model.version_labels)
+        version = self._version(call)
         handle = model.manager.acquire_handle()
         try:
             return [self._answer(call, _check_call(call.model, handle.group, version, name), None)
@@ -379,3 +407,31 @@ def _untimed(name: str):
 def _check_deadline(name: str, deadline: float) -> None:
     if time.monotonic() >= deadline:
         raise DeadlineExceeded(f"model {name!r}: the request's deadline passed before it ran")
+
+
+class BatchedCall:
+    """A call :meth:`DataPlane.queue_batched` queued: it holds the served version (its handle)
+    and the group's gate until :meth:`result` or :meth:`release`, exactly once (see
+    ``processor.batching.model_batching.QueuedCall``). Used by one event loop."""
+
+    __slots__ = ("_handle", "_group", "_queued", "ticket")
+
+    def __init__(self, handle, group, queued) -> None:
+        self._handle = handle
+        self._group = group
+        self._queued = queued
+        self.ticket = queued.ticket
+
+    def result(self) -> PredictResult | None:
+        """The call's result once ``ticket.done``; None: the queue handed it back (run
+        :meth:`DataPlane.predict` on a thread). Raises the refusal (expired)."""
+        try:
+            out = self._queued.answer()
+        finally:
+            self._handle.release()
+        return None if out is None else PredictResult(out, self._group.version, self._group.signature)
+
+    def release(self) -> None:
+        """For a caller that stopped waiting: release what the call holds (once ``ticket.done``)."""
+        self._queued.release()
+        self._handle.release()

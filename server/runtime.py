@@ -16,6 +16,7 @@ Thread-safe.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import sys
@@ -28,9 +29,11 @@ from processor.echo import cut
 from processor.dataplane import DataPlane
 from processor.deployment import DeploymentConfig
 from processor.errors import as_processor_error, edge_error
+from processor.request import PredictCall, PredictResult
 from processor.served_model import ModelRegistry, ServedModel
 
 from .access_log import AccessLog
+from .batch_waiter import BatchWaiter
 from .drain import DrainGate
 from .logs import request_id_var
 from .metrics import UNKNOWN_MODEL, ServerMetrics
@@ -55,6 +58,9 @@ class ServingRuntime:
         entries = {e.name: e for e in deployment.models}
         self._pools = {m.name: ModelPool(m.name, m.threads or 2, _max_queued(entries.get(m.name)))
                        for m in self.models}
+        self._batching_models = frozenset(m.name for m in self.models if m.batching is not None)
+        self._waiters: dict[asyncio.AbstractEventLoop, BatchWaiter] = {}  # per event loop
+        self._waiters_lock = threading.Lock()
         self._update_lock = threading.Lock()
         self._loaders: list[threading.Thread] = []
         self.on_model_ready: list[Callable[[str], None]] = []  # called with the model name
@@ -136,6 +142,34 @@ class ServingRuntime:
         """Run ``fn(*args)`` on the model's pool (keeps the event loop free), context copied;
         QueueFull (503) when the model's ``max_queued_requests`` requests already wait."""
         return await self.pool(name).run(fn, *args)
+
+    async def predict_wire(self, call: PredictCall) -> PredictResult:
+        """A call with our wire format's bytes, from an event loop, with the fewest hops: here
+        and now when the engine serves it natively (``DataPlane.try_inline``); queued on its
+        batching model's native queue and awaited on this loop (:mod:`server.batch_waiter`);
+        else on the model's pool (:meth:`run`). Raises ProcessorError."""
+        dataplane = self.dataplane
+        inline = self.deployment.inline_max_request_bytes
+        result = dataplane.try_inline(call, inline) if inline else None
+        if result is None and call.model in self._batching_models:
+            waiter = self._waiter()
+            batched = dataplane.queue_batched(call, waiter.fd)
+            if batched is not None:
+                result = await waiter.result(batched)
+        if result is None:
+            result = await self.run(call.model, dataplane.predict, call)
+        return result
+
+    def _waiter(self) -> BatchWaiter:
+        """The running loop's BatchWaiter (made on first use)."""
+        loop = asyncio.get_running_loop()
+        waiter = self._waiters.get(loop)
+        if waiter is None:
+            with self._waiters_lock:
+                waiter = self._waiters.get(loop)
+                if waiter is None:
+                    waiter = self._waiters[loop] = BatchWaiter(loop)
+        return waiter
 
     def in_place(self, name: str, size: int) -> bool:
         """Whether a request of ``size`` bytes to model ``name`` that is decoded on the caller's
@@ -224,8 +258,10 @@ class ServingRuntime:
         for pool in self._pools.values():
             pool.shutdown()
         try:
-            self.models.close()
+            self.models.close()  # every batching queue closed: every ticket answered
         finally:
+            for waiter in self._waiters.values():
+                waiter.close()
             self.access_log.close()
 
 

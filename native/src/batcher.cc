@@ -2,8 +2,10 @@
 #include "batcher.h"
 
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 
@@ -50,6 +52,7 @@ struct Batcher::Ticket {
   std::condition_variable cv;
   bool done = false;
   Status status = Status::kNotTaken;
+  int notify_fd = -1;  // an eventfd written once the ticket is answered (an event loop's), or -1
 };
 
 struct Batcher::Batch {
@@ -75,13 +78,15 @@ void Batcher::TicketDeleter::operator()(Ticket* ticket) const {
   delete ticket;
 }
 
-Batcher::TicketPtr Batcher::enqueue(const uint8_t* data, size_t size, double deadline, Status& status) {
+Batcher::TicketPtr Batcher::enqueue(const uint8_t* data, size_t size, double deadline, Status& status,
+                                    int notify_fd) {
   status = Status::kNotTaken;
   TicketPtr ticket(new Ticket);
   Request& r = *ticket;
   r.data = data;
   r.size = size;
   r.deadline = deadline;
+  r.notify_fd = notify_fd;
   if (!parse_request(data, size, plan_, r.parsed) || !fetch_list(plan_, r.parsed, r.fetch)) return nullptr;
   const size_t n_in = r.parsed.inputs.size();
   if (n_in == 0) return nullptr;
@@ -163,6 +168,11 @@ Batcher::Status Batcher::wait(Ticket& r) {
   return r.status;
 }
 
+bool Batcher::done(Ticket& r) {
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return r.done;
+}
+
 const std::string& Batcher::response(const Ticket& ticket) { return ticket.out; }
 
 int64_t Batcher::padded_rows(int64_t rows) const {
@@ -176,6 +186,13 @@ void Batcher::finish(Request& r, Status status) {
   r.status = status;
   r.done = true;
   r.cv.notify_one();
+  if (r.notify_fd >= 0) {  // under the lock: the waiter keeps the fd open while it has tickets
+    const uint64_t one = 1;
+    ssize_t written;
+    do {
+      written = ::write(r.notify_fd, &one, sizeof one);
+    } while (written < 0 && errno == EINTR);  // EAGAIN: the counter is full, a wake-up is due anyway
+  }
 }
 
 void Batcher::loop(int index) {

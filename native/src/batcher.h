@@ -123,12 +123,16 @@ class Batcher {
   // Queues the request in `data` (which must stay valid until the ticket is destroyed) and
   // returns its ticket with `status` kOk; else nullptr and why (kNotTaken, kFull, kClosed,
   // kExpired), at once. `deadline`: a CLOCK_MONOTONIC time in seconds (Python's
-  // time.monotonic()); <= 0: none.
-  TicketPtr enqueue(const uint8_t* data, size_t size, double deadline, Status& status);
+  // time.monotonic()); <= 0: none. `notify_fd` >= 0: an eventfd the batch thread adds 1 to once
+  // the ticket is answered (an event loop waits on it instead of a thread on wait()); it must
+  // stay open until the ticket is done.
+  TicketPtr enqueue(const uint8_t* data, size_t size, double deadline, Status& status, int notify_fd = -1);
 
   // Blocks until the ticket's batch ran: kOk (response() holds the PredictResponse), kNotTaken
   // (handed back: serve it another way) or kExpired. Any thread; may be called again.
   static Status wait(Ticket& ticket);
+  // Whether the ticket is answered (wait() would return at once). Never blocks on the batch.
+  static bool done(Ticket& ticket);
   static const std::string& response(const Ticket& ticket);
 
   // Refuses new requests, runs the queued ones, joins the threads. Idempotent.

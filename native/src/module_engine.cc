@@ -5,7 +5,7 @@
 //   OrtEngine.serve(plan, lane, data)                 a whole request without the GIL, or None
 //   RowBudget(capacity)                               one model's queue capacity in rows (batcher.h)
 //   Batcher(plan, engine | runner, budget, ...)       one version's batching queue (batcher.h)
-//   Batcher.submit(data, deadline) -> BatchTicket     queue a request; ticket.wait() its answer
+//   Batcher.submit(data, deadline, notify_fd=-1) -> BatchTicket  queue a request; ticket.wait() its answer
 //   Batcher.stats() / close()
 //
 // None means "not taken": the caller serves the request through the Python reference path.
@@ -210,12 +210,12 @@ nb::object refused(sp::Batcher::Status status) {
   }
 }
 
-nb::object batcher_submit(PyBatcher& self, nb::handle data, double deadline) {
+nb::object batcher_submit(PyBatcher& self, nb::handle data, double deadline, int notify_fd) {
   auto queued = std::make_unique<PyTicket>(data);
   sp::Batcher::Status status;
   {
     nb::gil_scoped_release nogil;  // parse, convert, queue
-    queued->ticket = self.batcher->enqueue(queued->in.data(), queued->in.size(), deadline, status);
+    queued->ticket = self.batcher->enqueue(queued->in.data(), queued->in.size(), deadline, status, notify_fd);
   }
   if (status != sp::Batcher::Status::kOk) return refused(status);
   return nb::cast(queued.release(), nb::rv_policy::take_ownership);
@@ -275,17 +275,21 @@ void bind_engine(nb::module_& m) {
   nb::class_<PyTicket>(m, "BatchTicket")
       .def("wait", &ticket_wait,
            "block (without the GIL) until the batch ran: PredictResponse bytes; None: handed back, "
-           "serve it another way; 'expired': its deadline passed before it ran");
+           "serve it another way; 'expired': its deadline passed before it ran")
+      .def_prop_ro(
+          "done", [](PyTicket& self) { return sp::Batcher::done(*self.ticket); },
+          "whether the batch ran (wait() returns at once); never blocks on the batch");
   nb::class_<PyBatcher>(m, "Batcher")
       .def("__init__", &make_batcher, nb::arg("plan"), nb::arg("engine").none(), nb::arg("runner").none(),
            nb::arg("budget"), nb::arg("lanes"), nb::arg("max_rows"), nb::arg("timeout_us"), nb::arg("threads"),
            nb::arg("allowed"), nb::arg("size_bounds"), nb::arg("wait_bounds"),
            "A batching queue running batches on an OrtEngine's lanes or through runner(requests, lane), "
            "taking its rows from a RowBudget (see native/src/batcher.h)")
-      .def("submit", &batcher_submit, nb::arg("data"), nb::arg("deadline"),
+      .def("submit", &batcher_submit, nb::arg("data"), nb::arg("deadline"), nb::arg("notify_fd") = -1,
            "queue PredictRequest bytes (kept until the ticket is gone) to merge with concurrent requests, "
            "without the GIL: a BatchTicket; None: not taken, serve it another way; 'full' / 'closed' / "
-           "'expired': refused")
+           "'expired': refused. notify_fd >= 0: an eventfd the batch thread adds 1 to once the ticket is "
+           "answered (kept open until then)")
       .def("stats", &batcher_stats, "counters and histogram counts")
       .def("close",
            [](PyBatcher& self) {

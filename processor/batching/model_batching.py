@@ -18,7 +18,13 @@ by ``DataPlane.predict`` and ``predict_many`` alike:
    isolation; then those are awaited.
 
 Refusals are the reference's errors (Unavailable when full or closing, DeadlineExceeded when
-the deadline passed first). Thread-safe.
+the deadline passed first).
+
+Event loops queue without a thread (:meth:`ModelBatching.queue`): the request goes on the native
+queue with the gate held and a notify fd (an eventfd the batch thread writes once the ticket is
+answered); the loop awaits that fd, then takes the answer from the :class:`QueuedCall`. What
+the native queue does not take, or hands back, the caller serves with :meth:`serve` on a thread.
+Thread-safe.
 """
 
 from __future__ import annotations
@@ -87,9 +93,27 @@ class ModelBatching:
                 results[i] = result_or_error(self._await_reference, group, queued)
         return results
 
-    def _submit_native(self, queue, data: Wire, deadline: float):
+    def queue(self, group, data: Wire, deadline: float | None, notify_fd: int) -> QueuedCall | None:
+        """``data`` queued on ``group``'s native queue (the caller holds its handle) without
+        waiting (see the module doc): the QueuedCall, or None where nothing was queued (no
+        native queue, an update running or waiting, a request the queue does not take). Raises
+        the refusal (full, closing, expired)."""
+        queue = group.batch_queue
+        if queue is None or not group.gate.try_enter_shared():  # a loop must not wait for a delta
+            return None
+        try:
+            ticket = self._submit_native(queue, data, deadline or 0.0, notify_fd)
+        except BaseException:
+            group.gate.exit_shared()
+            raise
+        if ticket is None:
+            group.gate.exit_shared()
+            return None
+        return QueuedCall(self, group.gate, ticket)
+
+    def _submit_native(self, queue, data: Wire, deadline: float, notify_fd: int = -1):
         """A native ticket, or None (not taken); raises the refusal."""
-        queued = queue.submit(data, deadline)
+        queued = queue.submit(data, deadline, notify_fd)
         if isinstance(queued, str):
             raise self.batcher.refusal(queued)
         return queued
@@ -129,3 +153,31 @@ class _Queued:
     def __init__(self, keys: tuple[str, ...], request) -> None:
         self.keys = keys
         self.request = request
+
+
+class QueuedCall:
+    """A wire request on a native queue (:meth:`ModelBatching.queue`), the group's gate held
+    for it. ``ticket.done`` turns true once its batch ran; then :meth:`answer`. The gate is
+    released exactly once: by :meth:`answer`, or by :meth:`release` for a caller that stops
+    waiting (call it once the ticket is done: the queue reads the request until then)."""
+
+    __slots__ = ("_batching", "_gate", "ticket")
+
+    def __init__(self, batching: ModelBatching, gate, ticket) -> None:
+        self._batching = batching
+        self._gate = gate
+        self.ticket = ticket
+
+    def answer(self) -> bytes | None:
+        """The PredictResponse bytes, or None: handed back (serve it with
+        :meth:`ModelBatching.serve` on a thread); raises the refusal (expired). Never blocks
+        once ``ticket.done``."""
+        try:
+            return self._batching._await_native(self.ticket)
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        gate, self._gate = self._gate, None
+        if gate is not None:
+            gate.exit_shared()

@@ -95,6 +95,15 @@ class SharedUpdateGate(UpdateGate):
                 return
         self._enter_slow()
 
+    def try_enter_shared(self) -> bool:
+        """:meth:`enter_shared` when no update runs or waits in any process, else False at once
+        (an event loop must not wait for a delta); Unavailable as :meth:`enter_shared`."""
+        with self._lock:
+            if self._writer or self._waiting_writers or self._words[WAITING]:
+                return False
+            self._admit()
+            return True
+
     def _admit(self) -> None:
         """Count one request in (the thread lock held); the first takes ``DATA`` shared."""
         if not self._readers:

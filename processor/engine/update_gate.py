@@ -37,6 +37,15 @@ class UpdateGate:
                 self._cond.wait()
             self._readers += 1
 
+    def try_enter_shared(self) -> bool:
+        """:meth:`enter_shared` when it would not wait (no update running or waiting), else False
+        at once: for an event loop, which must not block while an update runs."""
+        with self._lock:
+            if self._writer or self._waiting_writers:
+                return False
+            self._readers += 1
+            return True
+
     def exit_shared(self) -> None:
         with self._lock:
             self._readers -= 1

@@ -76,12 +76,7 @@ class ProcessorService:
         if not model:
             raise InvalidArgument(f"name the model in the 'model-name' request metadata; "
                                   f"serving {sorted(rt.dataplane.model_names)}")
-        call = PredictCall(model, data, deadline=from_grpc(context))
-        inline = rt.deployment.inline_max_request_bytes
-        # the engine decides per request whether it runs here (try_inline), as on HTTP
-        result = rt.dataplane.try_inline(call, inline) if inline else None
-        if result is None:
-            result = await rt.run(model, rt.dataplane.predict, call)
+        result = await rt.predict_wire(PredictCall(model, data, deadline=from_grpc(context)))
         if result.introspection:  # the signature JSON, as HTTP and the C ABI answer
             context.set_trailing_metadata((("x-request-id", request_id_var.get()),
                                            ("x-response-format", "signature-json")))

@@ -138,11 +138,7 @@ class PredictRoutes:
         async def work() -> Reply:
             deadline = from_http_headers(headers)
             body = await read_body(receive, headers, self.limit)
-            call = PredictCall(model, body, deadline=deadline)
-            result = rt.dataplane.try_inline(call, self.inline_bytes) if self.inline_bytes else None
-            if result is None:
-                result = await rt.run(model, rt.dataplane.predict, call)
-            return _eas_reply(result)
+            return _eas_reply(await rt.predict_wire(PredictCall(model, body, deadline=deadline)))
         return await tracked(self.rt, model, "predict", work, error_reply)
 
     def lean_admit(self, url: bytes, headers: list) -> Now | None:

@@ -345,3 +345,41 @@ def test_a_request_the_model_refuses_fails_alone_in_a_merged_call(tmp_path, make
         assert answer == want
     info = batched.model_info()["batching"]
     assert info["isolated_retries"] >= 1  # the reference batcher retried the batch request by request
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "tensorflow"])
+def test_a_call_queued_for_an_event_loop_notifies_its_fd_and_answers_as_unbatched(
+        ctr_model_small, make_processor, backend):
+    """``DataPlane.queue_batched`` (server/batch_waiter.py awaits it): the native queue adds 1 to
+    the notify fd once the ticket is answered; the answer is the unbatched one; while an update
+    waits for the gate nothing is queued (an event loop must not wait for a delta)."""
+    import os
+
+    from processor.request import wire_call
+
+    base = model_config(ctr_model_small, backend=backend, session_num=2, use_per_session_threads=True,
+                        inter_op_parallelism_threads=1, intra_op_parallelism_threads=1)
+    plain = make_processor(base)
+    batched = make_processor({**base, "batching": {**CTR_BATCHING, "batch_timeout_micros": 200_000}})
+    requests = ctr_requests(3)
+    fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+    try:
+        calls = [batched.dataplane.queue_batched(wire_call(batched.name, r), fd) for r in requests]
+        assert all(c is not None for c in calls)
+        assert not any(c.ticket.done for c in calls)  # waiting for the batch's timeout
+        assert wait_for(lambda: all(c.ticket.done for c in calls), 10), "the batch never ran"
+        assert os.eventfd_read(fd) == 3  # one per answered ticket
+        for call, request in zip(calls, requests):
+            result = call.result()
+            assert_same_predictions((200, result.outputs), plain.process(request))
+        info = batched.model_info()["batching"]
+        assert info["requests"] == 3 and info["batches"] == 1
+
+        handle = batched.models.get(batched.name).manager.acquire_handle()
+        try:
+            with handle.group.gate.exclusive():  # an update writing
+                assert batched.dataplane.queue_batched(wire_call(batched.name, requests[0]), fd) is None
+        finally:
+            handle.release()
+    finally:
+        os.close(fd)

@@ -109,6 +109,40 @@ def test_a_waiting_writer_is_not_starved_by_overlapping_requests(shm_worker):
     assert b.state()["applied_delta"] == 1
 
 
+def test_an_event_loop_request_is_not_admitted_while_another_worker_writes(shm_worker):
+    """try_enter_shared (the event loop's form): False at once while any worker's update holds
+    or waits for the gate, never waiting; admitted again once it is done."""
+    (_, a, _), (_, b, _) = open_gate(), open_gate()
+    assert b.try_enter_shared()
+    b.exit_shared()
+    b.enter_shared()  # a request in flight in "worker b": a's writer waits for it
+    writing = threading.Event()
+    done = threading.Event()
+
+    def write() -> None:
+        with a.exclusive():
+            writing.set()
+            a.apply(1, lambda: None)
+            done.wait(5)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    deadline = time.monotonic() + 5
+    while not a._words[WAITING]:
+        assert time.monotonic() < deadline, "the writer never raised WAITING"
+        time.sleep(0.01)
+    started = time.monotonic()
+    assert not b.try_enter_shared()  # a writer waits: refused at once
+    assert time.monotonic() - started < 0.5
+    b.exit_shared()
+    assert writing.wait(5)
+    assert not b.try_enter_shared()  # a writer writes
+    done.set()
+    writer.join(5)
+    assert b.try_enter_shared()
+    b.exit_shared()
+
+
 CHILD = """
 import sys, time
 sys.path.insert(0, {root!r})
