@@ -107,9 +107,7 @@ class AccessLog:
         sink = _json_stream_sink()
         if sink is not None:  # the server's own JSON handler: the lines formatted and written at once
             handler, formatter = sink
-            created = time.time()
-            text = "".join(formatter.access_line(created, model, version, protocol, api, seconds, request_id) + "\n"
-                           for protocol, api, model, version, seconds, request_id in lines)
+            text = formatter.access_lines(time.time(), lines)
             handler.acquire()
             try:
                 handler.stream.write(text)
