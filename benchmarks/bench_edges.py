@@ -15,10 +15,13 @@ tables of 20,000 x 16, MLP 256-128-1) with ``session_num`` 2, per-session pools,
 * **batching at the edge**: the demo CTR model on TensorFlow, 64 HTTP connections of batch-1
   requests, ``batching`` on vs off.
 
-Figures: req/s, p50/p99 (ms), server CPU per request (us, the server process's user + system
-time over the timed run / requests). Writes ``benchmarks/results/edges.json`` and ``.md``.
+Every server is started first; then each row is loaded in turn, for ``--rounds`` rounds: the
+machine's speed drifts by up to a third within minutes, so a figure is the median of its
+rounds and a ratio the median of ratios between rows of the same round. Figures: req/s,
+p50/p99 (ms), server CPU per request (us, the server process's user + system time over the
+timed run / requests). Writes ``benchmarks/results/edges.json`` and ``.md``.
 
-    .venv/bin/python -m benchmarks.bench_edges [--seconds 5] [--skip-batching] [--out-dir DIR]
+    .venv/bin/python -m benchmarks.bench_edges [--seconds 5] [--rounds 3] [--skip-batching] [--out-dir DIR]
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import contextlib
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -187,62 +191,55 @@ def bench(args) -> dict:
     finally:
         processor.close()
 
-    # the floors
-    answer_bytes = {b: len(encode_request({"prob": expected[b]})) for b in BATCHES}
-    for name, extra in (("HTTP floor (thread hop)", ["--hop"]), ("HTTP floor (no hop)", [])):
-        port = free_port()
-        with Server([sys.executable, "-m", "benchmarks.edge_floors", "http", "--port", str(port),
-                     "--body-bytes", str(answer_bytes[1]), *extra]) as floor:
+    # every server up at once (idle, they take no CPU), then every row in turn, round after
+    # round: the machine's speed drifts by a third within minutes, and a ratio is taken between
+    # rows of the same round
+    answer_bytes = len(encode_request({"prob": expected[1]}))
+    plan: list[tuple] = []  # (server, edge, batch, process, port, path, body, headers)
+    with contextlib.ExitStack() as stack:
+        for kind, name, extra, path, edge in (
+                ("http", "HTTP floor (thread hop)", ["--hop"], "/api/predict/x", "HTTP ours"),
+                ("http", "HTTP floor (no hop)", [], "/api/predict/x", "HTTP ours"),
+                ("grpc", "gRPC floor (sync)", [], "/x.Y/Z", "gRPC ours"),
+                ("grpc", "gRPC floor (aio)", ["--aio"], "/x.Y/Z", "gRPC ours")):
+            port = free_port()
+            floor = stack.enter_context(Server([sys.executable, "-m", "benchmarks.edge_floors", kind, "--port",
+                                                str(port), "--body-bytes", str(answer_bytes), *extra]))
             floor.wait_line("READY")
-            r = load(name, port, floor.proc.pid, "/api/predict/x", requests[1]["HTTP ours"][1],
-                     {"Content-Type": PROTOBUF}, args.seconds)
-        rows.append({"server": "floor", "edge": name, "batch": 1, **r})
-        print(f"{name}: {r['req_per_s']:.0f}/s, {r['cpu_us_per_request']:.0f} us", flush=True)
-    for name, extra in (("gRPC floor (sync)", []), ("gRPC floor (aio)", ["--aio"])):
-        port = free_port()
-        with Server([sys.executable, "-m", "benchmarks.edge_floors", "grpc", "--port", str(port),
-                     "--body-bytes", str(answer_bytes[1]), *extra]) as floor:
-            floor.wait_line("READY")
-            r = load(name, port, floor.proc.pid, "/x.Y/Z", requests[1]["gRPC ours"][1], {}, args.seconds)
-        rows.append({"server": "floor", "edge": name, "batch": 1, **r})
-        print(f"{name}: {r['req_per_s']:.0f}/s, {r['cpu_us_per_request']:.0f} us", flush=True)
-
-    # our server, every edge
-    http_port, grpc_port = free_port(), free_port()
-    with our_server(work, [{"name": MODEL, "model_config": config}], http_port, grpc_port) as server:
-        http, target = f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}"
-        for b in BATCHES:
-            for edge in HTTP_EDGES + GRPC_EDGES:
-                path, body, headers = requests[b][edge]
-                got = answer(edge, http, target, path, body, headers)
-                diff = float(np.max(np.abs(np.asarray(got, np.float32).reshape(expected[b].shape) - expected[b])))
-                if diff > 1e-5:
-                    raise AssertionError(f"{edge} batch {b}: answers differ from process() by {diff}")
-                port = grpc_port if edge in GRPC_EDGES else http_port
-                r = load(edge, port, server.proc.pid, path, body, headers, args.seconds)
-                rows.append({"server": "ours", "edge": edge, "batch": b, "max_abs_diff": diff, **r})
-                print(f"ours {edge} batch {b}: {r['req_per_s']:.0f}/s p99 {r['p99_ms']:.1f} ms, "
+            plan.append(("floor", name, 1, floor.proc, port, path, requests[1][edge][1],
+                         {"Content-Type": PROTOBUF} if kind == "http" else {}))
+        for label, keys, edges, batches in (("ours", {}, HTTP_EDGES + GRPC_EDGES, BATCHES),
+                                            # without its access log's successful lines (written off
+                                            # the request's thread, but on 2 cores the writer's CPU
+                                            # is the requests' CPU too)
+                                            ("ours, access_log false", {"access_log": False},
+                                             ("HTTP ours", "gRPC ours"), (1,))):
+            http_port, grpc_port = free_port(), free_port()
+            server = stack.enter_context(our_server(work, [{"name": MODEL, "model_config": config}], http_port,
+                                                    grpc_port, **keys))
+            http, target = f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}"
+            for b in batches:
+                for edge in edges:
+                    path, body, headers = requests[b][edge]
+                    got = answer(edge, http, target, path, body, headers)
+                    diff = float(np.max(np.abs(np.asarray(got, np.float32).reshape(expected[b].shape) - expected[b])))
+                    if diff > 1e-5:
+                        raise AssertionError(f"{label} {edge} batch {b}: answers differ from process() by {diff}")
+                    port = grpc_port if edge in GRPC_EDGES else http_port
+                    plan.append((label, edge, b, server.proc, port, path, body, headers))
+        for round_ in range(args.rounds):
+            for label, edge, b, proc, port, path, body, headers in plan:
+                r = load(edge, port, proc.pid, path, body, headers, args.seconds)
+                rows.append({"server": label, "edge": edge, "batch": b, "round": round_, **r})
+                print(f"round {round_} {label} {edge} batch {b}: {r['req_per_s']:.0f}/s p99 {r['p99_ms']:.1f} ms, "
                       f"{r['cpu_us_per_request']:.0f} us/req, errors {r['errors']}", flush=True)
 
-    # the same server without its access log's successful lines (written off the request's
-    # thread, but on a 2-core machine the writer's CPU is the requests' CPU too)
-    http_port, grpc_port = free_port(), free_port()
-    with our_server(work, [{"name": MODEL, "model_config": config}], http_port, grpc_port,
-                    access_log=False) as server:
-        for edge in ("HTTP ours", "gRPC ours"):
-            path, body, headers = requests[1][edge]
-            port = grpc_port if edge in GRPC_EDGES else http_port
-            r = load(edge, port, server.proc.pid, path, body, headers, args.seconds)
-            rows.append({"server": "ours, access_log false", "edge": edge, "batch": 1, **r})
-            print(f"ours (no access log) {edge} batch 1: {r['req_per_s']:.0f}/s, "
-                  f"{r['cpu_us_per_request']:.0f} us/req", flush=True)
-
     if not args.skip_batching:
-        rows.extend(edge_batching(work, args.seconds))
-    return {"machine": machine(), "seconds": args.seconds, "rows": rows}
+        rows.extend(edge_batching(work, args.seconds, args.rounds))
+    return {"machine": machine(), "seconds": args.seconds, "rounds": args.rounds, "rows": rows}
 
 
-def edge_batching(work: Path, seconds: float, rounds: int = 3) -> list[dict]:
+def edge_batching(work: Path, seconds: float, rounds: int) -> list[dict]:
     """The demo CTR model on TensorFlow, 64 HTTP connections of batch-1 requests, batching off
     and on: both servers up side by side, loaded in alternating rounds (the machine's speed
     drifts; each round's pair is compared)."""
@@ -286,23 +283,37 @@ def machine() -> str:
 
 def report(result: dict) -> str:
     rows = result["rows"]
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["server"], r["edge"], r["batch"]), []).append(r)
 
-    def find(server: str, edge: str, batch: int) -> dict | None:
-        return next((r for r in rows if r["server"] == server and r["edge"] == edge and r["batch"] == batch), None)
+    def find(server: str, edge: str, batch: int) -> list[dict]:
+        return groups.get((server, edge, batch), [])
+
+    def median(group: list[dict], key: str) -> float:
+        return statistics.median(r[key] for r in group)
 
     lines = [f"# Network edges vs the engine and the bare stack ({result['machine']})", "",
-             f"{result['seconds']} s per row; DLRM-like .onnx, session_num 2, per-session pools, intra-op 1; "
-             "HTTP: wrk, 32 connections; gRPC: h2load, 8 connections x 4 streams.", "",
+             f"{result['seconds']} s per row, {result.get('rounds', 1)} rounds (every row in turn, round after round: "
+             "each figure is the median of its rounds, each ratio the median of the rounds' ratios); DLRM-like "
+             ".onnx, session_num 2, per-session pools, intra-op 1; HTTP: wrk, 32 connections; gRPC: h2load, "
+             "8 connections x 4 streams.", "",
              "| server | edge | batch | req/s | p50 ms | p99 ms | server CPU us/req | errors |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        cpu = r.get("cpu_us_per_request")
-        lines.append(f"| {r['server']} | {r['edge']} | {r['batch']} | {r['req_per_s']:,.0f} | {r['p50_ms']:.2f} | "
-                     f"{r['p99_ms']:.2f} | {'' if cpu is None else f'{cpu:,.0f}'} | {r.get('errors', '')} |")
+    for (server, edge, batch), group in groups.items():
+        cpu = "" if "cpu_us_per_request" not in group[0] else f"{median(group, 'cpu_us_per_request'):,.0f}"
+        errors = sum(r.get("errors", 0) for r in group) if "errors" in group[0] else ""
+        lines.append(f"| {server} | {edge} | {batch} | {median(group, 'req_per_s'):,.0f} | "
+                     f"{median(group, 'p50_ms'):.2f} | {median(group, 'p99_ms'):.2f} | {cpu} | {errors} |")
     targets = []
 
-    def ratio(a: dict | None, b: dict | None) -> float | None:
-        return a["req_per_s"] / b["req_per_s"] if a and b else None
+    def ratio(a: list[dict], b: list[dict], key: str = "req_per_s") -> float | None:
+        """The median of the rounds' a / b where both have rounds; else of the medians."""
+        if not a or not b:
+            return None
+        if "round" in a[0] and "round" in b[0] and len(a) == len(b):
+            return paired_ratio([r[key] for r in a], [r[key] for r in b])
+        return median(a, key) / median(b, key)
 
     def target(what: str, value: float | None, bound: float, more: bool = True) -> None:
         ok = value is not None and (value >= bound if more else value <= bound)
@@ -312,9 +323,9 @@ def report(result: dict) -> str:
     limit = {b: find("process() in-process", "process()", b) for b in BATCHES}
     http1 = find("ours", "HTTP ours", 1)
     target("batch 1: HTTP ours / process() (2 threads)", ratio(http1, limit[1]), 0.5)
-    target("batch 1: HTTP ours server CPU us/request", http1 and http1["cpu_us_per_request"], 120, more=False)
+    target("batch 1: HTTP ours server CPU us/request", http1 and median(http1, "cpu_us_per_request"), 120, more=False)
     quiet = find("ours, access_log false", "HTTP ours", 1)
-    target("batch 1: the same, access_log false", quiet and quiet["cpu_us_per_request"], 120, more=False)
+    target("batch 1: the same, access_log false", quiet and median(quiet, "cpu_us_per_request"), 120, more=False)
     target("batch 1: gRPC ours / bare grpcio floor (sync)", ratio(find("ours", "gRPC ours", 1),
                                                                    find("floor", "gRPC floor (sync)", 1)), 0.8)
     for edge in ("HTTP ours", "gRPC ours"):
@@ -323,13 +334,11 @@ def report(result: dict) -> str:
                               ("v2 REST binary", "HTTP ours", 0.7), ("TF Serving gRPC", "gRPC ours", 0.7),
                               ("v2 gRPC", "gRPC ours", 0.7)):
         target(f"batch 1: {edge} / {base}", ratio(find("ours", edge, 1), find("ours", base, 1)), bound)
-    on = [r for r in rows if r["edge"] == "HTTP ours, batching on"]
-    off = [r for r in rows if r["edge"] == "HTTP ours, batching off"]
-    if on and len(on) == len(off):  # the median of the rounds' paired ratios
-        target("demo TF, 64 connections: batching on / off req/s (median of rounds)",
-               paired_ratio([r["req_per_s"] for r in on], [r["req_per_s"] for r in off]), 2.0)
-        target("demo TF, 64 connections: p99 on / off (median of rounds)",
-               paired_ratio([r["p99_ms"] for r in on], [r["p99_ms"] for r in off]), 1.0, more=False)
+    on = find("ours (demo, TensorFlow)", "HTTP ours, batching on", 1)
+    off = find("ours (demo, TensorFlow)", "HTTP ours, batching off", 1)
+    if on and off:
+        target("demo TF, 64 connections: batching on / off req/s", ratio(on, off), 2.0)
+        target("demo TF, 64 connections: p99 on / off", ratio(on, off, "p99_ms"), 1.0, more=False)
     lines += ["", "| target (issue 23) | measured | bound | |", "|---|---:|---:|---|", *targets]
     return "\n".join(lines)
 
@@ -337,6 +346,7 @@ def report(result: dict) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--rounds", type=int, default=3, help="every row in turn, this many times")
     parser.add_argument("--skip-batching", action="store_true", help="skip the demo model's batching rows")
     parser.add_argument("--out-dir", type=Path)
     args = parser.parse_args()

@@ -344,7 +344,14 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+# keys earlier versions took, and what replaced them
+_REMOVED = {"grpc_max_workers": "removed: gRPC calls no longer share one thread pool; each model's work runs "
+                                "on its own pool (its entry's inference_threads, max_queued_requests)"}
+
+
 def _reject_unknown(data: dict, known: set[str], prefix: str) -> None:
     for key in data:
         if key not in known:
+            if key in _REMOVED and not prefix:
+                raise ConfigError(f"{key}: {_REMOVED[key]}")
             raise ConfigError(prefix + unknown_key_message(key, known, "deployment"))

@@ -245,3 +245,9 @@ def test_the_configs_in_the_repository_are_still_accepted():
 
     for path in sorted(Path(__file__).resolve().parents[2].joinpath("configs").glob("*.json")):
         DeploymentConfig.from_dict(json.loads(path.read_text()))
+
+
+def test_a_removed_deployment_key_says_what_replaced_it():
+    with pytest.raises(ConfigError) as err:
+        deployment(grpc_max_workers=8)
+    assert err.value.message.startswith("grpc_max_workers: removed") and "inference_threads" in err.value.message
