@@ -16,10 +16,13 @@ request until then).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 
 from processor.dataplane import BatchedCall
 from processor.request import PredictResult
+
+log = logging.getLogger("server")
 
 
 class BatchWaiter:
@@ -59,13 +62,17 @@ class BatchWaiter:
             if not future.done():
                 future.set_result(None)
         if self._orphans:
-            pending = []
-            for call in self._orphans:
-                if call.ticket.done:
-                    call.release()
-                else:
-                    pending.append(call)
-            self._orphans = pending
+            self._release_orphans()
+
+    def _release_orphans(self) -> None:
+        """Release the cancelled callers' calls whose batch ran."""
+        pending = []
+        for call in self._orphans:
+            if call.ticket.done:
+                call.release()
+            else:
+                pending.append(call)
+        self._orphans = pending
 
     @property
     def pending(self) -> int:
@@ -73,17 +80,25 @@ class BatchWaiter:
         return len(self._waiting) + len(self._orphans)
 
     def close(self) -> None:
-        """Stop watching the fd and close it. Call once the queues are closed (every ticket
-        answered: a batch thread writes the fd until then). Any thread."""
-        if self.loop.is_closed() or not self.loop.is_running():
-            os.close(self.fd)
-        elif _on_loop_thread(self.loop):
+        """Stop watching the fd and close it; call it once the loop serves no more requests
+        (the server stopped). Orphaned calls whose batch ran are released here; while any call
+        is still queued, the fd stays open (a batch thread writes it once that call is answered:
+        closed, its number could be another file's by then). Any thread."""
+        if self.loop.is_closed():
+            self._close_here(watching=False)
+        elif not self.loop.is_running() or _on_loop_thread(self.loop):
             self._close_here()
         else:
             self.loop.call_soon_threadsafe(self._close_here)
 
-    def _close_here(self) -> None:
-        self.loop.remove_reader(self.fd)
+    def _close_here(self, watching: bool = True) -> None:
+        if watching:
+            self.loop.remove_reader(self.fd)
+        self._release_orphans()
+        if self.pending:
+            log.warning("%d batched request(s) still queued at shutdown: their notify fd stays open",
+                        self.pending)
+            return
         os.close(self.fd)
 
 

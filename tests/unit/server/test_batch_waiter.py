@@ -95,3 +95,24 @@ def test_close_from_another_thread_stops_watching_and_closes_the_fd():
         with pytest.raises(OSError):
             os.fstat(fd)
     asyncio.run(scenario())
+
+
+def test_close_keeps_the_fd_open_while_a_call_is_still_queued():
+    """A batch thread writes the fd once the call is answered: closing it first could write
+    into whatever file gets its number next."""
+    async def scenario():
+        waiter = BatchWaiter(asyncio.get_running_loop())
+        call, done = Call("a"), Call("b")
+        for c in (call, done):
+            task = asyncio.ensure_future(waiter.result(c))
+            await asyncio.sleep(0.01)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        done.ticket.done = True
+        waiter.close()
+        assert done.releases == 1 and call.releases == 0  # the answered one released at close
+        os.fstat(waiter.fd)  # still open: the queued one's batch thread will write it
+        call.ticket.done = True
+        os.close(waiter.fd)
+    asyncio.run(scenario())
