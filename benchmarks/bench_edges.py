@@ -256,7 +256,7 @@ def edge_batching(work: Path, seconds: float, rounds: int) -> list[dict]:
             config = processor_config(paths, 2)
             if batching:
                 # a 2 ms window: with 64 batch-1 clients, 0 runs batches of ~4 rows as soon as a
-                # batch thread is free; 2 ms lets them fill (~20 rows) at no cost to p99
+                # batch thread is free; 2 ms lets them fill (~20-35 rows measured) at no cost to p99
                 config["batching"] = {"max_batch_size": 64, "batch_timeout_micros": 2000, "num_batch_threads": 2,
                                       "max_enqueued_batches": 100}
             http_port, grpc_port = free_port(), free_port()
