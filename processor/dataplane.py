@@ -129,6 +129,10 @@ class DataPlane:
             self._inlined[model] = result is not None
         return result
 
+    def batches(self, model: str) -> bool:
+        """Whether ``model`` batches its requests (``batching`` in its model_config)."""
+        return model in self._batching
+
     def queue_batched(self, call: PredictCall, notify_fd: int) -> BatchedCall | None:
         """For event loops: ``call`` queued on its batching model's native queue without a
         thread to wait on it (``ModelBatching.queue``); the BatchedCall, whose ``ticket.done``

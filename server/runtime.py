@@ -58,9 +58,7 @@ class ServingRuntime:
         entries = {e.name: e for e in deployment.models}
         self._pools = {m.name: ModelPool(m.name, m.threads or 2, _max_queued(entries.get(m.name)))
                        for m in self.models}
-        self._batching_models = frozenset(m.name for m in self.models if m.batching is not None)
         self._waiters: dict[asyncio.AbstractEventLoop, BatchWaiter] = {}  # per event loop
-        self._waiters_lock = threading.Lock()
         self._update_lock = threading.Lock()
         self._loaders: list[threading.Thread] = []
         self.on_model_ready: list[Callable[[str], None]] = []  # called with the model name
@@ -151,7 +149,7 @@ class ServingRuntime:
         dataplane = self.dataplane
         inline = self.deployment.inline_max_request_bytes
         result = dataplane.try_inline(call, inline) if inline else None
-        if result is None and call.model in self._batching_models:
+        if result is None and dataplane.batches(call.model):
             waiter = self._waiter()
             batched = dataplane.queue_batched(call, waiter.fd)
             if batched is not None:
@@ -161,14 +159,12 @@ class ServingRuntime:
         return result
 
     def _waiter(self) -> BatchWaiter:
-        """The running loop's BatchWaiter (made on first use)."""
+        """The running loop's BatchWaiter (made on first use, by that loop's own thread: no
+        other thread ever makes this loop's)."""
         loop = asyncio.get_running_loop()
         waiter = self._waiters.get(loop)
         if waiter is None:
-            with self._waiters_lock:
-                waiter = self._waiters.get(loop)
-                if waiter is None:
-                    waiter = self._waiters[loop] = BatchWaiter(loop)
+            waiter = self._waiters[loop] = BatchWaiter(loop)
         return waiter
 
     def in_place(self, name: str, size: int) -> bool:
@@ -260,7 +256,7 @@ class ServingRuntime:
         try:
             self.models.close()  # every batching queue closed: every ticket answered
         finally:
-            for waiter in self._waiters.values():
+            for waiter in list(self._waiters.values()):
                 waiter.close()
             self.access_log.close()
 

@@ -17,11 +17,13 @@ then for every call:
 
 Handlers under it are ``async def handler(request, context)`` that return the response message
 or raise; where a method's model work runs is theirs to say, through ``ServingRuntime.serve``
-(the one concurrency rule of every edge). Thread-safe: one event loop runs every call.
+(the one concurrency rule of every edge), which decides by the request's size as it came
+(:data:`request_bytes`). Thread-safe: one event loop runs every call.
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -40,6 +42,10 @@ log = logging.getLogger("server.grpc")
 
 MAX_MESSAGE = 4096  # characters of an error message sent (a client's metadata limit is 8-16 KiB)
 Handler = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
+
+# The call's request message size in bytes, as it came, for its handler (``request.ByteSize()``
+# would size the parsed message again: a pass over every field of a large request).
+request_bytes: contextvars.ContextVar[int] = contextvars.ContextVar("grpc_request_bytes", default=0)
 
 
 async def abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
@@ -142,7 +148,7 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):
 
         async def call(data: bytes, context: grpc.aio.ServicerContext) -> Any:
             rid = new_request_id(metadata(context, ("x-request-id",)))
-            token = request_id_var.set(rid)
+            token, size_token = request_id_var.set(rid), request_bytes.set(len(data))
             context.set_trailing_metadata((("x-request-id", rid),))
             try:
                 request, problem = method.parse(data)
@@ -157,4 +163,5 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):
                 await abort(context, exc)
             finally:
                 request_id_var.reset(token)
+                request_bytes.reset(size_token)
         return call

@@ -36,7 +36,7 @@ from ..deadline import from_grpc
 from ..runtime import ServingRuntime
 from ..tfs_messages import Messages, messages
 from . import tensor_proto
-from .interceptor import Method, Service
+from .interceptor import Method, Service, request_bytes
 
 log = logging.getLogger("server.grpc")
 
@@ -64,7 +64,7 @@ class TfsService:
         self.m = types
 
     async def predict(self, request, context: grpc.aio.ServicerContext):
-        return await self.rt.serve(request.model_spec.name, request.ByteSize(), self._predict, request,
+        return await self.rt.serve(request.model_spec.name, request_bytes.get(), self._predict, request,
                                    from_grpc(context))
 
     def _predict(self, request, deadline: float | None):
@@ -84,15 +84,15 @@ class TfsService:
         return response
 
     async def classify(self, request, context: grpc.aio.ServicerContext):
-        return await self.rt.serve(request.model_spec.name, request.ByteSize(), tfs_inference.classify,
+        return await self.rt.serve(request.model_spec.name, request_bytes.get(), tfs_inference.classify,
                                    self.rt.dataplane, request, from_grpc(context))
 
     async def regress(self, request, context: grpc.aio.ServicerContext):
-        return await self.rt.serve(request.model_spec.name, request.ByteSize(), tfs_inference.regress,
+        return await self.rt.serve(request.model_spec.name, request_bytes.get(), tfs_inference.regress,
                                    self.rt.dataplane, request, from_grpc(context))
 
     async def multi_inference(self, request, context: grpc.aio.ServicerContext):
-        return await self.rt.serve(_first_task_model(request, context), request.ByteSize(),
+        return await self.rt.serve(_first_task_model(request, context), request_bytes.get(),
                                    tfs_inference.multi_inference, self.rt.dataplane, request, from_grpc(context))
 
     async def metadata(self, request, context: grpc.aio.ServicerContext):

@@ -20,7 +20,7 @@ from processor.proto import grpc_predict_v2_pb2 as pb
 from .. import open_inference as oip
 from ..deadline import from_grpc
 from ..runtime import ServingRuntime
-from .interceptor import Method, Service
+from .interceptor import Method, Service, request_bytes
 
 SERVICE = "inference.GRPCInferenceService"
 
@@ -63,7 +63,7 @@ class V2Service:
             outputs=[pb.ModelMetadataResponse.TensorMetadata(**t) for t in meta["outputs"]])
 
     async def model_infer(self, request, context) -> pb.ModelInferResponse:
-        return await self.rt.serve(request.model_name, request.ByteSize(), self._infer, request, from_grpc(context))
+        return await self.rt.serve(request.model_name, request_bytes.get(), self._infer, request, from_grpc(context))
 
     def _infer(self, request, deadline: float | None) -> pb.ModelInferResponse:
         number, outputs = oip.infer(self.rt, request.model_name, request.model_version or None,

@@ -88,6 +88,12 @@ def register(app, rt: ServingRuntime, errors: dict, routes: PredictRoutes) -> No
             return _error(exc)
         return JSONResponse({"name": model, "ready": ok}, status_code=200 if ok else 503)
 
+    def body_limit(header_length: str | None) -> tuple[int, str]:
+        """A body's size limit and the setting that names it: a JSON body (no binary header)
+        has the JSON limit, a binary one ``max_request_bytes``."""
+        return ((routes.json_limit, routes.json_setting) if header_length is None
+                else (routes.limit, "max_request_bytes"))
+
     async def infer(match: re.Match, receive, headers: list) -> Reply:
         """POST .../infer, answered before routing (PredictRoutes' fast path; the FastAPI routes
         below document it)."""
@@ -97,15 +103,14 @@ def register(app, rt: ServingRuntime, errors: dict, routes: PredictRoutes) -> No
             deadline = from_http_headers(headers)
             header_length = header(headers, b"inference-header-content-length")
             encoding = _encoding(header(headers, b"content-encoding"))
-            limit, setting = ((routes.json_limit, routes.json_setting) if header_length is None
-                              else (routes.limit, "max_request_bytes"))
+            limit, setting = body_limit(header_length)
             with routes.json_budget.hold() as hold:
                 body = await read_body(receive, headers, limit, hold, setting)
                 limits = BodyLimits(limit, setting, routes.json_limits.max_elements, hold)
                 args = (rt, model, version, body, header_length, deadline, limits, encoding)
-                if encoding is None and rt.in_place(model, len(body)):
-                    return infer_http(*args)
-                return await rt.run(model, infer_http, *args)
+                if encoding is not None:  # inflated, it may be any size: never in place
+                    return await rt.run(model, infer_http, *args)
+                return await rt.serve(model, len(body), infer_http, *args)
         return await tracked(rt, model, "v2_infer", work, error_reply)
 
     def lean_infer(match: re.Match, headers: list, length: int) -> Now | None:
@@ -113,8 +118,7 @@ def register(app, rt: ServingRuntime, errors: dict, routes: PredictRoutes) -> No
         sent as it is, within its limit, for a model that runs in place."""
         model, version = match.group(1), match.group(2)
         header_length = header(headers, b"inference-header-content-length")
-        limit, setting = ((routes.json_limit, routes.json_setting) if header_length is None
-                          else (routes.limit, "max_request_bytes"))
+        limit, setting = body_limit(header_length)
         if header(headers, b"content-encoding") is not None or length > limit or not rt.in_place(model, length):
             return None
 
