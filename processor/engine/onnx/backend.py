@@ -41,16 +41,8 @@ checkpoints. Updates are not atomic against runs in flight (a run may read some 
 new rows); the SessionGroup's update gate holds runs while a delta is applied. A full update
 loads a new backend beside this one and swaps, as on the CPU.
 
-Timeline tracing (:meth:`run_traced`): ORT profiles whole sessions and ``end_profiling()``
-stops a session's profiler for good, so a traced call gets a fresh profiling session of its own,
-built like the lane's serving session (same providers, thread settings, shared initializers: no
-weight copy); a split graph gets one per part, and its trace holds both parts' ops.
-It runs the request twice, a warm-up and the profiled run, so the trace shows a warm run like
-the serving sessions' (first-run allocations left out). The profile file (in a private temporary
-directory) is read into events (:mod:`.profile`) and deleted. The tracing's own cost shows
-as two stages of the request: ``trace_setup`` (session creation and warm-up; a few ms for the
-demo model) and ``trace_collect`` (ending the profile, reading it, closing the session).
-Traced calls take turns per backend. ``run`` is untouched by any of it.
+Timeline tracing (:meth:`run_traced`): a traced call runs on profiling sessions of its own
+(:mod:`.traced_run`). ``run`` is untouched by any of it.
 
 Thread-safety: ``run`` and ``run_traced`` from any number of threads (ORT sessions are
 thread-safe); ``update_parameter`` / ``apply_delta`` from one thread at a time.
@@ -61,9 +53,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import shutil
-import tempfile
-import threading
 import time
 from typing import Any
 
@@ -77,12 +66,13 @@ from .. import device_plan, pinning
 from ..shared_update_gate import SharedUpdateGate
 from ..update_gate import UpdateGate
 from ..string_hash import fingerprint
-from . import native_engine, placement, profile
+from . import native_engine, placement
 from .convert import prepare
 from .param_buffers import Parameters
 from .weights import host_parameters
 from .ort_env import ensure_global_thread_pools, global_pools_in_force, intra_op_affinities, ort as _ort
 from .ort_errors import engine_error as _engine_error
+from .traced_run import TracedRuns
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +99,7 @@ class OnnxRuntimeBackend:
         self._parameters: Parameters | None = None
         self._segment = None
         self._shared_gate: SharedUpdateGate | None = None
-        self._profile_dir: str | None = None
+        self._traced = TracedRuns(self)
 
     @classmethod
     def open(cls, config: ModelConfig, version: ModelVersion, plan: device_plan.DevicePlan,
@@ -154,7 +144,6 @@ class OnnxRuntimeBackend:
         for d in plan.lanes:
             self._session_lanes.setdefault(d.session, []).append(d.lane)
         self._pins: list[dict[str, Any]] = []
-        self._trace_lock = threading.Lock()
         self._placement = placement.plan_placement(config.enable_device_placement_optimization,
                                                    self._prepared.model_path, plan.on_gpu)
         self._split = self._placement.split
@@ -329,70 +318,10 @@ class OnnxRuntimeBackend:
         return self._engine
 
     def run_traced(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]):
-        """``run`` on a fresh profiling session: (outputs, EngineTrace of per-op events).
-
-        See the module doc. Raises NotImplementedError (the request then runs untraced) when
-        no profiling session can be opened; the run's own errors are ``run``'s.
-        """
-        from ...tracing.events import EngineTrace
-
-        names = [self._output_names[a] for a in fetches]
-        ort_feeds = self._feeds(feeds)
-        index = self._plan.lanes[lane].session
-        parts, cpus = self._parts[index], self._session_target(index)[1]
-        with self._trace_lock:
-            setup_ns = time.time_ns()
-            sessions = [self._open_profiling_session(lane, k, part, cpus) for k, part in enumerate(parts)]
-            opened_ns = time.time_ns()
-            run = self._session_run(sessions)
-            try:
-                run(names, ort_feeds, None)  # warm-up: the profiled run is a warm one
-                run_ns = time.time_ns()
-                outputs = run(names, ort_feeds, None)
-            except Exception as exc:
-                raise _engine_error(exc) from exc
-            finally:
-                ran_ns = time.time_ns()
-                records = [profile.collect(session) for session in sessions]
-            starts = [session.get_profiling_start_time_ns() for session in sessions]
-            del sessions, run  # their threads and buffers go now, inside trace_collect
-        events = []
-        try:
-            for part, part_records, start_ns in zip(parts, records, starts):
-                origin = profile.origin_us(part_records, start_ns if setup_ns <= start_ns <= opened_ns else None,
-                                           run_ns)
-                events += profile.events(part_records, origin, part.device.gpu)
-            events.sort(key=lambda e: e.start_us)
-        except Exception as exc:  # noqa: BLE001 - tracing never fails a request
-            log.warning("ONNX Runtime profile not understood, trace without engine ops: %s: %s",
-                        type(exc).__name__, exc)
-            events = []
-        done_ns = time.time_ns()
-        stages = (("trace_setup", setup_ns / 1000.0, (run_ns - setup_ns) / 1000.0),
-                  ("trace_collect", ran_ns / 1000.0, (done_ns - ran_ns) / 1000.0))
-        return outputs, EngineTrace(events=events, stages=stages,
-                                    thread_names=profile.thread_names(events, threading.get_native_id()))
-
-    def _open_profiling_session(self, lane: int, k: int, part: placement.Part, cpus: tuple[int, ...] | None):
-        """A new session of ``part`` (the ``k``-th of the lane's graph) like the lane's, profiling
-        from now on; NotImplementedError if ORT refuses."""
-        ort = _ort()
-        try:
-            if self._profile_dir is None:
-                self._profile_dir = tempfile.mkdtemp(prefix="sp-ort-profile-")
-            options = self._session_options(cpus, part)
-            options.enable_profiling = True
-            # ORT names the file after the prefix and the millisecond the session opened: the
-            # parts of a split graph open in the same one, so each part has its own prefix
-            options.profile_file_prefix = os.path.join(self._profile_dir, f"lane{lane}-part{k}")
-            with pinning.creation_lock:  # so that a model loading meanwhile does not count its threads
-                session = ort.InferenceSession(part.model_path, options, providers=device_plan.ort_providers(part.device))
-            self._parameters.sets[part.device.gpu].attach(session._sess)
-            return session
-        except Exception as exc:
-            log.warning("lane %d: no ONNX Runtime profiling session, request runs untraced: %s: %s",
-                        lane, type(exc).__name__, exc)
-            raise NotImplementedError(f"ONNX Runtime could not open a profiling session: {exc}") from None
+        """``run`` on a fresh profiling session: (outputs, EngineTrace of per-op events); see
+        :mod:`.traced_run`. NotImplementedError (the request then runs untraced) when no
+        profiling session can be opened; the run's own errors are ``run``'s."""
+        return self._traced.run(lane, feeds, fetches)
 
     # --- parameters ---------------------------------------------------------------------------
 
@@ -509,9 +438,7 @@ class OnnxRuntimeBackend:
         }
 
     def close(self) -> None:
-        if self._profile_dir is not None:
-            shutil.rmtree(self._profile_dir, ignore_errors=True)
-            self._profile_dir = None
+        self._traced.close()
         # Sessions first, then the buffers they read: each place frees its memory once the last
         # of its sessions is gone (at once, unless a caller still holds one: a benchmark's bare engine call).
         self._sessions = []
