@@ -343,13 +343,13 @@ def report(result: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3, help="every row in turn, this many times")
     parser.add_argument("--skip-batching", action="store_true", help="skip the demo model's batching rows")
     parser.add_argument("--out-dir", type=Path)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     result = bench(args)
     write_results("edges", result, report(result), args.out_dir)
     return 0

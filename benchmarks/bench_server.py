@@ -33,6 +33,7 @@ to the exact request bytes of each of its rows is checked once against our in-pr
     .venv/bin/python -m benchmarks.bench_server [--preset small] [--seconds 5] [--concurrency 4]
         [--skip-kserve] [--skip-triton] [--out-dir DIR]
     .venv/bin/python -m benchmarks.bench_server --tls   # ours plaintext vs TLS: server_tls.json/.md
+    .venv/bin/python -m benchmarks.bench_server --edges # every edge under wrk / h2load: edges.json/.md
 """
 
 from __future__ import annotations
@@ -506,12 +507,18 @@ def main() -> int:
     parser.add_argument("--tls", action="store_true", help="only ours, plaintext vs TLS (server_tls.json/.md)")
     parser.add_argument("--workers", help="only ours, worker processes: req/s with these counts (e.g. 1,2) and "
                         "memory with 1, 2, 4: runs benchmarks.bench_workers, which takes the other arguments")
+    parser.add_argument("--edges", action="store_true", help="only ours, every edge under wrk / h2load beside the "
+                        "bare uvicorn and grpcio floors and process(): runs benchmarks.bench_edges (--rounds ...)")
     args, rest = parser.parse_known_args()
+    out = ["--out-dir", str(args.out_dir)] if args.out_dir else []
     if args.workers:
         from benchmarks import bench_workers
 
-        out = ["--out-dir", str(args.out_dir)] if args.out_dir else []
         return bench_workers.main(["--load-workers", args.workers, *out, *rest])
+    if args.edges:
+        from benchmarks import bench_edges
+
+        return bench_edges.main(["--seconds", str(args.seconds), *out, *rest])
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.make_kserve_venv:
