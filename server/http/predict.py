@@ -48,6 +48,15 @@ class Reply:
     headers: tuple[tuple[bytes, bytes], ...] = ()  # more response headers (Retry-After)
 
 
+@dataclass(frozen=True, slots=True)
+class Later:
+    """A lean request's answer that is awaited on the connection's loop rather than given at
+    once (a batching model's request waits for its batch): ``await run(body, headers)`` ->
+    Reply; never raises."""
+
+    run: Callable[[bytes, list], Awaitable[Reply]]
+
+
 def _eas_reply(result) -> Reply:
     return Reply(200, result.outputs, JSON if result.introspection else PROTOBUF)
 
@@ -141,13 +150,24 @@ class PredictRoutes:
             return _eas_reply(await rt.predict_wire(PredictCall(model, body, deadline=deadline)))
         return await tracked(self.rt, model, "predict", work, error_reply)
 
-    def lean_admit(self, url: bytes, headers: list) -> Now | None:
+    async def eas_later(self, model: str, body: bytes, headers: list) -> Reply:
+        """:meth:`eas` of a request :meth:`lean_admit` took for a batching model, whole body in
+        hand: queued on the model's batching queue and awaited on this loop
+        (``ServingRuntime.predict_wire``). Never raises."""
+        rt = self.rt
+
+        async def work() -> Reply:
+            return _eas_reply(await rt.predict_wire(PredictCall(model, body, deadline=from_http_headers(headers))))
+        return await tracked(rt, model, "predict", work, error_reply)
+
+    def lean_admit(self, url: bytes, headers: list) -> Now | Later | None:
         """The answer of a POST to ``url`` that the HTTP connection may give itself, once the
         whole body is in, before any task or ASGI message (``LimitedHttpProtocol``'s lean path);
         None: the request takes the ASGI path. Taken: a ``Content-Length`` of at most
         ``inline_max_request_bytes`` and no percent-escape in the URL, to our wire format for a
         model whose last request ran in place (``DataPlane.inline_hint``: the engine decides
-        per request), to TF Serving REST or a route :meth:`add`-ed with ``lean`` for a model that
+        per request) or, as a :class:`Later`, to a batching model (its batch is awaited on the
+        loop, without the ASGI cycle), to TF Serving REST or a route :meth:`add`-ed with ``lean`` for a model that
         runs in place (``ServingRuntime.in_place``: they decode on the caller's thread)."""
         if not self.inline_bytes or b"%" in url:
             return None
@@ -157,7 +177,12 @@ class PredictRoutes:
         path = url.split(b"?", 1)[0].decode("latin-1")
         if path.startswith(EAS_PREFIX):
             model = path[len(EAS_PREFIX):]
-            if not model or "/" in model or not self.rt.dataplane.inline_hint(model):
+            if not model or "/" in model:
+                return None
+            dataplane = self.rt.dataplane
+            if dataplane.batches(model):
+                return Later(lambda body, headers_: self.eas_later(model, body, headers_))
+            if not dataplane.inline_hint(model):
                 return None
             return lambda body, headers_: self.eas_now(model, body, headers_)
         m = PREDICT_PATH.match(path)

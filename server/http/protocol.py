@@ -24,6 +24,8 @@ the client reads the answer instead of a reset. Nothing here touches the request
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import json
 import logging
 from typing import Any
@@ -32,7 +34,7 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from ..logs import new_request_id, request_id_var
-from .predict import header
+from .predict import Later, Reply, header
 
 from ..tls import client_identity
 
@@ -114,9 +116,18 @@ class CoalescingCycle(RequestResponseCycle):
     system call and a second packet to the client, a large share of such a request's CPU. The
     head is held from ``http.response.start`` to the first body write; whatever ends the
     response (a body, a HEAD request's empty one, a close) writes it first.
+
+    ``after``: the task of an earlier request on the connection whose lean answer is awaited
+    (``LimitedHttpProtocol``'s deferred answers); this response starts once it has been written,
+    so answers stay in the order of their requests.
     """
 
+    after: asyncio.Task | None = None
+
     async def send(self, message) -> None:
+        if self.after is not None:
+            after, self.after = self.after, None
+            await asyncio.wait((after,))  # its own outcome is its own: only the order matters here
         if message["type"] == "http.response.start" and not self.response_started and not self.disconnected:
             real = self.transport
             held = self.transport = _HeldHead(real)
@@ -157,6 +168,12 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     (:meth:`~server.http.predict.PredictRoutes.lean_admit`: request id, deadline, limits, drain
     gate, metrics, access log, the one error mapping), one write for the whole response. Only
     when the connection has no response in progress, so answers stay in order.
+
+    A batching model's request is answered the same way once its batch ran: the answer
+    (:class:`~server.http.predict.Later`) is awaited in a task of its own on the loop, counted
+    among uvicorn's tasks (a shutdown waits for it as for an ASGI one). While it is awaited, the
+    connection's next request takes the ASGI path and its response waits for this one's
+    (``CoalescingCycle.after``).
     """
 
     max_header_bytes = 16 * 1024
@@ -182,6 +199,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._lingered = 0
         self._over_cap = False
         self._tls_scope = None  # {"client_cert_names": (...)} for a verified client certificate
+        self._later: asyncio.Task | None = None  # a deferred lean answer being awaited
+        self._close_after_later = False  # shutdown() came while it was: it ends the connection
 
     # --- connection --------------------------------------------------------------------------
 
@@ -267,6 +286,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         if self.cycle is not None and self.cycle.__class__ is RequestResponseCycle:
             self.cycle.__class__ = CoalescingCycle  # before its task first runs (it is only scheduled)
+            if self._later is not None:
+                self.cycle.after = self._later
 
     def on_body(self, body: bytes) -> None:
         if self._exchange is not None:
@@ -287,7 +308,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def _take_inline(self) -> bool:
         """Whether this request is one the connection answers itself (then it is remembered)."""
-        if (self.expect_100_continue or self.pipeline or self.parser.get_method() != b"POST"
+        if (self.expect_100_continue or self.pipeline or self._later is not None
+                or self.parser.get_method() != b"POST"
                 or (self.cycle is not None and not self.cycle.response_complete)
                 or self.parser.should_upgrade()):
             return False
@@ -299,12 +321,33 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def _answer(self, exchange: _Exchange) -> None:
         rid = new_request_id(header(exchange.headers, b"x-request-id"))
+        keep_alive = self.parser.should_keep_alive() and self.parser.get_http_version() != "1.0"
+        answer = exchange.now
+        if answer.__class__ is Later:
+            context = contextvars.copy_context()
+            context.run(request_id_var.set, rid)
+            task = self._later = self.loop.create_task(
+                self._answer_later(answer, bytes(exchange.body), exchange.headers, rid, keep_alive), context=context)
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+            return
         token = request_id_var.set(rid)
         try:
-            reply = exchange.now(bytes(exchange.body), exchange.headers)
+            reply = answer(bytes(exchange.body), exchange.headers)
         finally:
             request_id_var.reset(token)
-        keep_alive = self.parser.should_keep_alive() and self.parser.get_http_version() != "1.0"
+        self._write(reply, rid, keep_alive)
+
+    async def _answer_later(self, later: Later, body: bytes, headers: list, rid: str, keep_alive: bool) -> None:
+        try:
+            reply = await later.run(body, headers)
+        finally:
+            self._later = None
+        self._write(reply, rid, keep_alive and not self._close_after_later)
+
+    def _write(self, reply: Reply, rid: str, keep_alive: bool) -> None:
+        """The whole response in one write; then the connection waits for its next request, or
+        is closed."""
         out = [STATUS_LINE[reply.status]]
         out += [b"%s: %s\r\n" % kv for kv in self.server_state.default_headers]
         out.append(b"content-type: %s\r\ncontent-length: %d\r\nx-request-id: %s\r\n"
@@ -314,11 +357,21 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         out.append(reply.body)
         if not self.transport.is_closing():
             self.transport.write(b"".join(out))
-        if keep_alive:
-            self.on_response_complete()
-        else:
+        if not keep_alive:
             self.server_state.total_requests += 1
             self.transport.close()
+        elif self.cycle is None or self.cycle.response_complete:
+            self.on_response_complete()
+        else:  # a later request's ASGI cycle is under way (it waited for this answer): it goes on
+            self.server_state.total_requests += 1
+
+    def shutdown(self) -> None:
+        """uvicorn's graceful shutdown: a connection awaiting a deferred lean answer (and no
+        later request) ends after that answer, as one with an ASGI response in progress does."""
+        if self._later is not None and (self.cycle is None or self.cycle.response_complete):
+            self._close_after_later = True
+            return
+        super().shutdown()
 
     # --- limits ------------------------------------------------------------------------------
 

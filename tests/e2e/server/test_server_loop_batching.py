@@ -4,13 +4,17 @@ A DLRM-like ``.onnx`` model (its native engine's batching queue) served by an in
 ServingApp (real uvicorn and grpc servers on 127.0.0.1): concurrent batch-1 requests over HTTP
 and gRPC merge into batches, each answer equals what an unbatched Processor answers, and none
 took a thread of the model's pool (``ServingRuntime.run`` is never called: no hop, no thread
-parked per request); every loop's waiter ends with nothing pending.
+parked per request); every loop's waiter ends with nothing pending. Over HTTP they are the
+connection's own deferred answers (no ASGI cycle): pipelined requests, lean and not, are
+answered in order, and a drain waits for the batch an answer awaits.
 """
 
 from __future__ import annotations
 
 import json
+import socket
 import threading
+import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -94,3 +98,91 @@ def test_batched_requests_wait_on_the_loop_not_on_a_thread(app, model_dir):
     assert hops == []  # not one request hopped to the model's pool
     assert all(waiter.pending == 0 for waiter in app.runtime._waiters.values())
     assert len(app.runtime._waiters) == 2  # HTTP's loop and gRPC's
+
+
+def raw(body: bytes, chunked: bool = False, extra: str = "") -> bytes:
+    """A POST to the model over HTTP/1.1; chunked: a body the lean path never takes (ASGI)."""
+    head = f"POST /api/predict/dlrm HTTP/1.1\r\nHost: x\r\n{extra}"
+    if chunked:
+        chunk = f"{len(body):x}\r\n".encode() + body + b"\r\n" if body else b""
+        return f"{head}Transfer-Encoding: chunked\r\n\r\n".encode() + chunk + b"0\r\n\r\n"
+    return f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body
+
+
+def read_response(f) -> tuple[int, dict[str, str], bytes]:
+    status = int(f.readline().split()[1])
+    headers = {}
+    while line := f.readline().decode("latin-1").rstrip("\r\n"):
+        key, value = line.split(":", 1)
+        headers[key.strip().lower()] = value.strip()
+    return status, headers, f.read(int(headers["content-length"]))
+
+
+def spy_later(app, monkeypatch) -> list[str]:
+    """The models of the requests answered as deferred lean answers from now on."""
+    taken: list[str] = []
+    routes = app._asgi.predict
+    real = routes.eas_later
+
+    async def spied(model, body, headers):
+        taken.append(model)
+        return await real(model, body, headers)
+    monkeypatch.setattr(routes, "eas_later", spied)
+    return taken
+
+
+def test_pipelined_requests_behind_a_deferred_answer_keep_their_order(app, model_dir, monkeypatch):
+    app, hops = app
+    bodies = [codec.encode_request(dlrm_onnx.inputs(1 + i, seed=10 + i)) for i in range(4)]
+    reference = Processor.create("ref", json.dumps(model_config(model_dir)))
+    try:
+        expected = [codec.decode_response(reference.process(b)[1])["prob"] for b in bodies]
+    finally:
+        reference.close()
+    taken = spy_later(app, monkeypatch)
+    # one write: a lean request (deferred: its batch waits 50 ms), the ping over ASGI (chunked;
+    # answered at once, it must still come second), two ASGI predictions, two lean-sized ones
+    payload = (raw(bodies[0], extra="X-Request-ID: first\r\n") + raw(b"", chunked=True)
+               + raw(bodies[1], chunked=True) + raw(bodies[2]) + raw(bodies[3], extra="X-Request-ID: last\r\n"))
+    with socket.create_connection(("127.0.0.1", app.http_port), timeout=30) as sock, sock.makefile("rb") as f:
+        sock.sendall(payload)
+        first, ping, *answers = [read_response(f) for _ in range(5)]
+        answers.insert(0, first)
+        sock.sendall(raw(bodies[0]))  # the connection stays usable, and lean again
+        again = read_response(f)
+    assert ping[0] == 200 and ping[1]["content-type"] == "application/json" and json.loads(ping[2])
+    assert [a[0] for a in answers] == [200] * 4
+    for (_, _, got), want in zip(answers, expected):
+        np.testing.assert_allclose(codec.decode_response(got)["prob"], want, rtol=1e-5, atol=1e-6)
+    assert answers[0][1]["x-request-id"] == "first" and answers[3][1]["x-request-id"] == "last"
+    assert again[0] == 200 and "connection" not in again[1]
+    np.testing.assert_allclose(codec.decode_response(again[2])["prob"], expected[0], rtol=1e-5, atol=1e-6)
+    assert taken[0] == "dlrm" and taken[-1] == "dlrm" and 2 <= len(taken) <= 4
+    assert hops == ["dlrm"]  # the ping over ASGI alone: it is not batched
+
+
+def test_errors_and_the_ping_of_a_batching_model_as_deferred_answers(app, monkeypatch):
+    app, _ = app
+    taken = spy_later(app, monkeypatch)
+    with socket.create_connection(("127.0.0.1", app.http_port), timeout=30) as sock, sock.makefile("rb") as f:
+        sock.sendall(raw(b"\x0a\x05junk"))  # not a PredictRequest
+        bad = read_response(f)
+        sock.sendall(raw(b""))  # DeepRec's introspection ping: the signature JSON
+        ping = read_response(f)
+    assert bad[0] == 400 and "error" in json.loads(bad[2])
+    assert ping[0] == 200 and ping[1]["content-type"] == "application/json" and json.loads(ping[2])
+    assert taken == ["dlrm", "dlrm"]
+
+
+def test_a_drain_waits_for_the_batch_a_deferred_answer_awaits(app):
+    app, _ = app  # the batch timeout is 50 ms: the request is still queued when the drain starts
+    body = codec.encode_request(dlrm_onnx.inputs(1, seed=3))
+    with socket.create_connection(("127.0.0.1", app.http_port), timeout=30) as sock, sock.makefile("rb") as f:
+        sock.sendall(raw(body))
+        deadline = time.monotonic() + 10
+        while app.runtime.gate.in_flight == 0 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert app.runtime.gate.in_flight == 1
+        app.request_stop()
+        status, _, data = read_response(f)
+    assert status == 200 and codec.decode_response(data)["prob"].shape == (1, 1)
