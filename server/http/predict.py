@@ -151,9 +151,9 @@ class PredictRoutes:
         return await tracked(self.rt, model, "predict", work, error_reply)
 
     async def eas_later(self, model: str, body: bytes, headers: list) -> Reply:
-        """:meth:`eas` of a request :meth:`lean_admit` took for a batching model, whole body in
-        hand: queued on the model's batching queue and awaited on this loop
-        (``ServingRuntime.predict_wire``). Never raises."""
+        """:meth:`eas` of a request :meth:`lean_admit` took for a model that does not run it in
+        place, whole body in hand: queued on a batching model's queue and awaited on this loop,
+        else on the model's pool (``ServingRuntime.predict_wire``). Never raises."""
         rt = self.rt
 
         async def work() -> Reply:
@@ -164,11 +164,12 @@ class PredictRoutes:
         """The answer of a POST to ``url`` that the HTTP connection may give itself, once the
         whole body is in, before any task or ASGI message (``LimitedHttpProtocol``'s lean path);
         None: the request takes the ASGI path. Taken: a ``Content-Length`` of at most
-        ``inline_max_request_bytes`` and no percent-escape in the URL, to our wire format for a
-        model whose last request ran in place (``DataPlane.inline_hint``: the engine decides
-        per request) or, as a :class:`Later`, to a batching model (its batch is awaited on the
-        loop, without the ASGI cycle), to TF Serving REST or a route :meth:`add`-ed with ``lean`` for a model that
-        runs in place (``ServingRuntime.in_place``: they decode on the caller's thread)."""
+        ``inline_max_request_bytes`` and no percent-escape in the URL, to our wire format, TF
+        Serving REST or a route :meth:`add`-ed with ``lean``. Answered here and now for a model
+        that runs such a request in place (our wire format: whose last request ran in place,
+        ``DataPlane.inline_hint``, the engine decides per request; the others:
+        ``ServingRuntime.in_place``, they decode on the caller's thread); else a :class:`Later`,
+        awaited on the loop without the ASGI cycle: the model's batching queue or its pool."""
         if not self.inline_bytes or b"%" in url:
             return None
         length = header(headers, b"content-length")
@@ -179,12 +180,9 @@ class PredictRoutes:
             model = path[len(EAS_PREFIX):]
             if not model or "/" in model:
                 return None
-            dataplane = self.rt.dataplane
-            if dataplane.batches(model):
-                return Later(lambda body, headers_: self.eas_later(model, body, headers_))
-            if not dataplane.inline_hint(model):
-                return None
-            return lambda body, headers_: self.eas_now(model, body, headers_)
+            if self.rt.dataplane.inline_hint(model):
+                return lambda body, headers_: self.eas_now(model, body, headers_)
+            return Later(lambda body, headers_: self.eas_later(model, body, headers_))
         m = PREDICT_PATH.match(path)
         if m is not None:
             return self._tfs_lean(m, int(length))
@@ -228,34 +226,51 @@ class PredictRoutes:
                 return Reply(200, await self.rt.serve(name, len(body), tfs_predict, *args))
         return await tracked(self.rt, name, f"tfs_{method}", work, error_reply)
 
-    def _tfs_args(self, m: re.Match, body: bytes | bytearray, deadline: float | None, hold: Hold) -> tuple:
+    def _tfs_args(self, m: re.Match, body: bytes | bytearray, deadline: float | None, hold: Hold | None) -> tuple:
         """:func:`tfs_predict`'s arguments for a request to the path ``m`` matched."""
         version = m.group(2)
         wanted = None if version is None else parse_version(version)
         return self.rt, m.group(1), wanted, m.group(3), m.group(4).lower(), body, deadline, self.json_limits, hold
 
-    def _tfs_lean(self, m: re.Match, length: int) -> Now | None:
-        """:meth:`tfs` on the lean path (see :meth:`lean_admit`)."""
-        name = m.group(1)
-        if length > self.json_limit or not self.rt.in_place(name, length):
+    def _tfs_lean(self, m: re.Match, length: int) -> Now | Later | None:
+        """:meth:`tfs` on the lean path (see :meth:`lean_admit`); a version that is not a number
+        takes the ASGI route, which answers it before it looks for the model, as TF Serving does."""
+        if length > self.json_limit:
             return None
-
-        return self.budgeted_now(name, f"tfs_{m.group(4).lower()}", lambda body, deadline, hold: Reply(
+        try:
+            self._tfs_args(m, b"", None, None)
+        except InvalidArgument:
+            return None
+        return self.budgeted(m.group(1), f"tfs_{m.group(4).lower()}", length, lambda body, deadline, hold: Reply(
             200, tfs_predict(*self._tfs_args(m, body, deadline, hold))))
 
-    def budgeted_now(self, model: str, api: str, run: Callable[[bytes, float | None, Hold], Reply]) -> Now:
-        """The lean answer of an ``api`` request to ``model`` decoded on the caller's thread:
-        ``run(body, deadline, hold)`` with the body's bytes held from the decode memory budget
-        (as ``read_body`` holds them on the ASGI path), tracked (:meth:`now_tracked`)."""
-        def now(body: bytes, headers: list) -> Reply:
-            def work() -> Reply:
-                deadline = from_http_headers(headers)
-                with self.json_budget.hold() as hold:
-                    if body:
+    def budgeted(self, model: str, api: str, size: int, run: Callable[[bytes, float | None, Hold], Reply]
+                 ) -> Now | Later:
+        """The lean answer of an ``api`` request of ``size`` bytes to ``model`` that
+        ``run(body, deadline, hold)`` decodes and answers, the body's bytes held from the decode
+        memory budget (as ``read_body`` holds them on the ASGI path), tracked: here and now on
+        the loop when the model runs such a request in place (``ServingRuntime.in_place``:
+        :meth:`now_tracked`), else a :class:`Later` awaiting ``run`` on the model's pool."""
+        rt, budget = self.rt, self.json_budget
+
+        if rt.in_place(model, size):
+            def now(body: bytes, headers: list) -> Reply:
+                def work() -> Reply:
+                    deadline = from_http_headers(headers)
+                    with budget.hold() as hold:
                         hold.need(len(body))
-                    return run(body, deadline, hold)
-            return self.now_tracked(model, api, work)
-        return now
+                        return run(body, deadline, hold)
+                return self.now_tracked(model, api, work)
+            return now
+
+        async def later(body: bytes, headers: list) -> Reply:
+            async def work() -> Reply:
+                deadline = from_http_headers(headers)
+                with budget.hold() as hold:
+                    hold.need(len(body))
+                    return await rt.run(model, run, body, deadline, hold)
+            return await tracked(rt, model, api, work, error_reply)
+        return Later(later)
 
 
 class TfsJsonInputs:

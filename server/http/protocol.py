@@ -169,9 +169,10 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     gate, metrics, access log, the one error mapping), one write for the whole response. Only
     when the connection has no response in progress, so answers stay in order.
 
-    A batching model's request is answered the same way once its batch ran: the answer
-    (:class:`~server.http.predict.Later`) is awaited in a task of its own on the loop, counted
-    among uvicorn's tasks (a shutdown waits for it as for an ASGI one). While it is awaited, the
+    A small request whose model does not run it in place (a batching model's, one on the model's
+    pool) is answered the same way once it ran: the answer (:class:`~server.http.predict.Later`)
+    is awaited in a task of its own on the loop, without ASGI messages or the response cycle,
+    counted among uvicorn's tasks (a shutdown waits for it as for an ASGI one). While it is awaited, the
     connection's next request takes the ASGI path and its response waits for this one's
     (``CoalescingCycle.after``).
     """

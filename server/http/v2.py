@@ -41,7 +41,7 @@ from ..runtime import ServingRuntime
 from . import v2_json
 from .body import read_body
 from .memory_budget import Hold, trim_heap
-from .predict import Now, PredictRoutes, Reply, as_response, error_reply, header, tracked
+from .predict import Later, Now, PredictRoutes, Reply, as_response, error_reply, header, tracked
 from .tfs_json import DEFAULT_MAX_ELEMENTS, SMALL_BODY
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -113,16 +113,16 @@ def register(app, rt: ServingRuntime, errors: dict, routes: PredictRoutes) -> No
                 return await rt.serve(model, len(body), infer_http, *args)
         return await tracked(rt, model, "v2_infer", work, error_reply)
 
-    def lean_infer(match: re.Match, headers: list, length: int) -> Now | None:
+    def lean_infer(match: re.Match, headers: list, length: int) -> Now | Later | None:
         """:func:`infer` on the HTTP connection's lean path (``PredictRoutes.lean_admit``): a body
-        sent as it is, within its limit, for a model that runs in place."""
+        sent as it is, within its limit."""
         model, version = match.group(1), match.group(2)
         header_length = header(headers, b"inference-header-content-length")
         limit, setting = body_limit(header_length)
-        if header(headers, b"content-encoding") is not None or length > limit or not rt.in_place(model, length):
+        if header(headers, b"content-encoding") is not None or length > limit:
             return None
 
-        return routes.budgeted_now(model, "v2_infer", lambda body, deadline, hold: infer_http(
+        return routes.budgeted(model, "v2_infer", length, lambda body, deadline, hold: infer_http(
             rt, model, version, body, header_length, deadline,
             BodyLimits(limit, setting, routes.json_limits.max_elements, hold)))
 

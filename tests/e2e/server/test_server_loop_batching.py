@@ -6,7 +6,8 @@ and gRPC merge into batches, each answer equals what an unbatched Processor answ
 took a thread of the model's pool (``ServingRuntime.run`` is never called: no hop, no thread
 parked per request); every loop's waiter ends with nothing pending. Over HTTP they are the
 connection's own deferred answers (no ASGI cycle): pipelined requests, lean and not, are
-answered in order, and a drain waits for the batch an answer awaits.
+answered in order, and a drain waits for the batch an answer awaits. Small TF Serving REST and
+KServe v2 requests to it, which run on its pool, are deferred answers too.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import socket
 import threading
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -186,3 +188,45 @@ def test_a_drain_waits_for_the_batch_a_deferred_answer_awaits(app):
         app.request_stop()
         status, _, data = read_response(f)
     assert status == 200 and codec.decode_response(data)["prob"].shape == (1, 1)
+
+
+def test_tf_serving_and_v2_requests_to_a_pooled_model_are_deferred_lean_answers(app, model_dir, monkeypatch):
+    """A batching model's TF Serving REST and KServe v2 requests run on its pool (they are not
+    queued natively): the connection awaits them itself, answered as the ASGI routes answer."""
+    from server.http.predict import Later
+
+    app, hops = app
+    routes = app._asgi.predict
+    kinds: list[str] = []
+    real = routes.lean_admit
+    monkeypatch.setattr(routes, "lean_admit", lambda url, headers: (
+        lambda answer: kinds.append(type(answer).__name__) or answer)(real(url, headers)))
+    feeds = dlrm_onnx.inputs(2, seed=7)
+    reference = Processor.create("ref", json.dumps(model_config(model_dir)))
+    try:
+        want = codec.decode_response(reference.process(codec.encode_request(feeds))[1])["prob"]
+    finally:
+        reference.close()
+    rows = [{k: v[i].tolist() for k, v in feeds.items()} for i in range(2)]
+    v2 = {"inputs": [{"name": k, "shape": list(v.shape), "datatype": "FP32" if v.dtype == np.float32 else "INT64",
+                      "data": v.ravel().tolist()} for k, v in feeds.items()]}
+    answers = []
+    for path, doc in (("/v1/models/dlrm:predict", {"instances": rows}), ("/v2/models/dlrm/infer", v2),
+                      ("/v1/models/dlrm/versions/x:predict", {"instances": rows}),  # ASGI: the version is not a number
+                      ("/v1/models/nope:predict", {"instances": rows})):
+        req = urllib.request.Request(f"http://127.0.0.1:{app.http_port}{path}", data=json.dumps(doc).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                answers.append((resp.status, json.loads(resp.read())))
+        except urllib.error.HTTPError as exc:
+            answers.append((exc.code, json.loads(exc.read())))
+    assert kinds == [Later.__name__, Later.__name__, "NoneType", Later.__name__]
+    (tfs_status, tfs), (v2_status, v2_doc), (bad_status, bad), (missing_status, missing) = answers
+    assert tfs_status == 200 and v2_status == 200
+    np.testing.assert_allclose(np.asarray(tfs["predictions"], np.float32).reshape(want.shape), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(v2_doc["outputs"][0]["data"], np.float32).reshape(want.shape), want,
+                               rtol=1e-5, atol=1e-6)
+    assert bad_status == 400 and "version" in bad["error"].lower()
+    assert missing_status == 404 and "nope" in missing["error"]
+    assert hops == ["dlrm", "dlrm", "nope"]  # the two on the model's pool; the unknown one has none: 404
