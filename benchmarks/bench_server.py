@@ -32,7 +32,7 @@ to the exact request bytes of each of its rows is checked once against our in-pr
 
     .venv/bin/python -m benchmarks.bench_server [--preset small] [--seconds 5] [--concurrency 4]
         [--skip-kserve] [--skip-triton] [--out-dir DIR]
-    .venv/bin/python -m benchmarks.bench_server --tls   # ours plaintext vs TLS: server_tls.json/.md
+    .venv/bin/python -m benchmarks.bench_server --tls   # bench_tls: ours plaintext vs TLS, server_tls.json/.md
     .venv/bin/python -m benchmarks.bench_server --edges # every edge under wrk / h2load: edges.json/.md
 """
 
@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import ssl
 import subprocess
 import sys
 import tempfile
@@ -51,12 +50,11 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import loadgen_command
-from benchmarks.peers import (MODEL, OUTPUTS, TRITON_PEER, check_same, free_port, peer_tool, peer_versions, post_json,
-                              tfs_grpc_request, triton_python, triton_server, wait_http)
+from benchmarks.peers import (MODEL, TRITON_PEER, check_same, free_port, peer_tool, peer_versions, post_json,
+                              triton_python, triton_server, wait_http)
+from benchmarks.server_payloads import check_probabilities, payloads, process_answers, run_loadgen
 from benchmarks.server_report import report
-from benchmarks.v2_wire import (HEADER_LENGTH, MODEL_INFER, v2_binary_request, v2_grpc, v2_grpc_request, v2_http,
-                                v2_json_request)
+from benchmarks.v2_wire import HEADER_LENGTH, MODEL_INFER, v2_grpc, v2_http
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
@@ -66,87 +64,7 @@ BATCHES = (1, 256)
 V2_JSON, V2_BINARY, V2_GRPC = "v2 REST JSON", "v2 REST binary", "v2 ModelInfer"
 
 
-# --- load generator (runs in its own process) ---------------------------------------------------
-
-# ``loadgen`` (benchmarks.common) runs in its own process (``loadgen_command``).
-
-def run_loadgen(spec: dict, workdir: Path) -> dict:
-    spec_file = workdir / "loadgen.json"
-    spec_file.write_text(json.dumps(spec))
-    out = subprocess.run(loadgen_command(spec_file),
-                         cwd=ROOT, capture_output=True, text=True,
-                         timeout=spec["seconds"] + spec["warmup_seconds"] + 120)
-    if out.returncode != 0:
-        raise RuntimeError(f"load generator failed: {out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-# --- payloads ------------------------------------------------------------------------------------
-
-def payloads(batch: int, workdir: Path) -> dict:
-    """Request bodies for every protocol, written once per batch size (paths; ``v2_binary_header``:
-    the JSON header's length of the v2 binary body)."""
-    from demo.synthetic_data import synthetic_batch
-    from processor import codec
-    from processor.engine.string_hash import fingerprint
-
-    feeds = synthetic_batch(batch, seed=7)
-    rows = [{"dense": feeds["dense"][i].tolist(), "sparse_ids": feeds["sparse_ids"][i].tolist(),
-             "sparse_tokens": [t.decode() for t in feeds["sparse_tokens"][i]]} for i in range(batch)]
-    v2_binary, header_length = v2_binary_request(feeds)
-    files = {
-        "eas": codec.encode_request(feeds),
-        "tfs_json": json.dumps({"instances": rows}).encode(),
-        "tfs_grpc": tfs_grpc_request(feeds),
-        "kserve_v1": json.dumps({"instances": rows}).encode(),
-        "v2_json": v2_json_request(feeds),
-        "v2_binary": v2_binary,
-        "v2_grpc": v2_grpc_request(feeds),
-    }
-    out: dict = {}
-    for key, data in files.items():
-        path = workdir / f"{key}-{batch}.bin"
-        path.write_bytes(data)
-        out[key] = path
-    out["v2_binary_header"] = header_length
-    out["npz"] = workdir / f"feeds-{batch}.npz"  # for KServe's own request builder
-    np.savez(out["npz"], **feeds)
-    # Triton's inputs: the ONNX graph's own, the string feature as TensorFlow's 64-bit fingerprints
-    out["peer_npz"] = workdir / f"peer-feeds-{batch}.npz"
-    np.savez(out["peer_npz"], **{k: (fingerprint(v) if v.dtype == object else v) for k, v in feeds.items()})
-    return out
-
-
-def process_answers(config: dict, bodies: dict, name: str) -> tuple[dict, dict]:
-    """Our in-process ``Processor.process()`` answers per batch (logits, probability as float64) and
-    the model's description (its ``cache`` entry for onnxruntime: the ONNX file Triton serves)."""
-    from processor import codec
-    from processor.processor import Processor
-
-    proc = Processor.create(name, json.dumps(config))
-    try:
-        answers = {}
-        for batch, body in bodies.items():
-            status, raw = proc.process(body["eas"].read_bytes())
-            if status != 200:
-                raise RuntimeError(f"process() answered {status}: {raw[:300]!r}")
-            decoded = codec.decode_response(raw)
-            answers[batch] = {k: np.asarray(decoded[k], dtype=np.float64) for k in OUTPUTS}
-        with proc.manager.acquire() as group:
-            model = group.describe().get("model", {})
-    finally:
-        proc.close()
-    return answers, model
-
-
 # --- servers -------------------------------------------------------------------------------------
-
-def check_probabilities(name: str, got, want: np.ndarray) -> None:
-    got = np.asarray(got, dtype=np.float64).reshape(want.shape)
-    if not np.allclose(got, want, rtol=1e-4, atol=1e-6):
-        raise AssertionError(f"{name}: predictions differ from ours (max abs diff "
-                             f"{np.max(np.abs(got - want)):.3g})")
-
 
 def v2_specs(host: str, port: int, grpc_target: str, body: dict) -> dict[str, dict]:
     """Load-generator specs of the three v2 rows (same request bytes on every server)."""
@@ -409,79 +327,6 @@ def run_triton(args, tpy: Path, onnx_dir: str, config: dict, bodies, expected, w
     return peer_versions(tpy, env)
 
 
-def bench_tls(args) -> tuple[dict, str]:
-    """``--tls``: our server (tensorflow) plaintext vs TLS on both ports (certificates from
-    tools/dev_certs.py), our protobuf over HTTP and TF Serving Predict over gRPC; the load
-    generator keeps its connections open, so this is the cost of encryption per request, the
-    handshakes amortized. Each TLS answer is checked against process() first."""
-    from benchmarks.common import demo_paths
-    from demo.paths import demo_model_config
-    from processor import codec
-    from tools.server_process import ServerProcess
-    from tools.dev_certs import write_set
-
-    load_before = list(os.getloadavg())
-    paths = demo_paths(args.preset)
-    work = Path(tempfile.mkdtemp(prefix="bench-server-tls-"))
-    bodies = {b: payloads(b, work) for b in args.batches}
-    config = demo_model_config(paths)
-    config.pop("checkpoint_dir")
-    expected = process_answers(config, bodies, "bench-ref-tls")[0]
-    certs = write_set(work / "certs")
-    ca = str(certs["ca.crt"])
-    rows = []
-    for mode in ("plaintext", "TLS"):
-        tls = {"tls_cert_file": str(certs["server.crt"]), "tls_key_file": str(certs["server.key"])} if mode == "TLS" else {}
-        deployment = {"models": [{"name": MODEL, "model_config": config}], "access_log": False,
-                      "max_request_bytes": 64 << 20, "log_level": "WARNING", **tls}
-        context = ssl.create_default_context(cafile=ca) if tls else None
-        print(f"ours ({mode}): python -m server ({config['session_num']} sessions, tensorflow)", flush=True)
-        ours = ServerProcess(deployment, work / mode, ssl_context=context).start(timeout=300)
-        extra = {"ca_file": ca} if tls else {}
-        try:
-            for batch in args.batches:
-                body = bodies[batch]
-                with urllib.request.urlopen(urllib.request.Request(
-                        f"{ours.http}/api/predict/{MODEL}", data=body["eas"].read_bytes()), timeout=60,
-                        context=context) as r:
-                    got = codec.decode_response(r.read())["probability"]
-                check_probabilities(f"ours {mode} protobuf /api/predict vs process()", got,
-                                    expected[batch]["probability"])
-                for protocol, api, spec in (
-                        ("HTTP", "protobuf /api/predict", {
-                            "kind": "http", "host": "127.0.0.1", "port": ours.http_port,
-                            "path": f"/api/predict/{MODEL}", "body_file": str(body["eas"]),
-                            "content_type": "application/x-protobuf"}),
-                        ("gRPC", "TF Serving Predict", {
-                            "kind": "grpc", "target": ours.grpc_target, "body_file": str(body["tfs_grpc"]),
-                            "method": "/tensorflow.serving.PredictionService/Predict"})):
-                    spec = {"concurrency": args.concurrency, "seconds": args.seconds,
-                            "warmup_seconds": args.warmup, **spec, **extra}
-                    result = run_loadgen(spec, work)
-                    rows.append({"transport": mode, "protocol": protocol, "api": api, "batch": batch, **result})
-                    print(f"  {mode:9s} {protocol:4s} {api:22s} batch {batch:3d}: {result['rps']:8.1f} req/s  "
-                          f"p50 {result['p50_ms']:.2f} ms  p99 {result['p99_ms']:.2f} ms  errors {result['errors']}",
-                          flush=True)
-        finally:
-            ours.stop()
-    lines = ["# Our server: plaintext vs TLS", "",
-             f"Preset {args.preset}, {args.concurrency} client threads with kept-open connections, "
-             f"{args.seconds:g} s per row; load average before: {', '.join(f'{x:.2f}' for x in load_before)} "
-             f"(a shared machine makes these figures noisy).", "",
-             "| API | batch | plaintext req/s | TLS req/s | TLS / plaintext | p50 ms plain / TLS | errors |",
-             "|---|---:|---:|---:|---:|---|---:|"]
-    for batch in args.batches:
-        for api in ("protobuf /api/predict", "TF Serving Predict"):
-            plain, tls_row = (next(r for r in rows if r["transport"] == t and r["api"] == api and r["batch"] == batch)
-                              for t in ("plaintext", "TLS"))
-            lines.append(f"| {plain['protocol']} {api} | {batch} | {plain['rps']:.1f} | {tls_row['rps']:.1f} | "
-                         f"{tls_row['rps'] / plain['rps']:.2f} | {plain['p50_ms']:.2f} / {tls_row['p50_ms']:.2f} | "
-                         f"{plain['errors'] + tls_row['errors']} |")
-    payload = {"rows": rows, "preset": args.preset, "concurrency": args.concurrency, "seconds": args.seconds,
-               "load_before": load_before, "cpu_count": os.cpu_count()}
-    return payload, "\n".join(lines) + "\n"
-
-
 def make_kserve_venv(path: Path) -> None:
     """A separate environment for KServe (its protobuf<7 pin conflicts with ours)."""
     from benchmarks.common import make_peer_venv
@@ -504,7 +349,8 @@ def main() -> int:
                         "make it with python -m benchmarks.bench_batching --make-triton-venv)")
     parser.add_argument("--skip-triton", action="store_true")
     parser.add_argument("--out-dir", type=Path, help="write server.json/.md here instead of benchmarks/results")
-    parser.add_argument("--tls", action="store_true", help="only ours, plaintext vs TLS (server_tls.json/.md)")
+    parser.add_argument("--tls", action="store_true", help="only ours, plaintext vs TLS (server_tls.json/.md): runs "
+                        "benchmarks.bench_tls")
     parser.add_argument("--workers", help="only ours, worker processes: req/s with these counts (e.g. 1,2) and "
                         "memory with 1, 2, 4: runs benchmarks.bench_workers, which takes the other arguments")
     parser.add_argument("--edges", action="store_true", help="only ours, every edge under wrk / h2load beside the "
@@ -519,6 +365,12 @@ def main() -> int:
         from benchmarks import bench_edges
 
         return bench_edges.main(["--seconds", str(args.seconds), *out, *rest])
+    if args.tls:
+        from benchmarks import bench_tls
+
+        return bench_tls.main(["--preset", args.preset, "--seconds", str(args.seconds), "--warmup", str(args.warmup),
+                               "--concurrency", str(args.concurrency),
+                               "--batches", ",".join(map(str, args.batches)), *out, *rest])
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.make_kserve_venv:
@@ -527,10 +379,6 @@ def main() -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from benchmarks.common import write_results
 
-    if args.tls:
-        payload, markdown = bench_tls(args)
-        write_results("server_tls", payload, markdown, out_dir=args.out_dir)
-        return 0
 
     payload, markdown = report(bench(args), args)
     write_results("server", payload, markdown, out_dir=args.out_dir)
