@@ -52,14 +52,13 @@ import numpy as np
 
 from benchmarks.peers import (MODEL, TRITON_PEER, check_same, free_port, peer_tool, peer_versions, post_json,
                               triton_python, triton_server, wait_http)
-from benchmarks.server_payloads import check_probabilities, payloads, process_answers, run_loadgen
+from benchmarks.server_payloads import add_load_arguments, check_probabilities, payloads, process_answers, run_loadgen
 from benchmarks.server_report import report
 from benchmarks.v2_wire import HEADER_LENGTH, MODEL_INFER, v2_grpc, v2_http
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
 DEFAULT_KSERVE_VENV = ROOT / "artifacts" / "kserve-venv"
-BATCHES = (1, 256)
 # API names shared by every server that speaks them (the like-for-like table matches on them)
 V2_JSON, V2_BINARY, V2_GRPC = "v2 REST JSON", "v2 REST binary", "v2 ModelInfer"
 
@@ -336,11 +335,7 @@ def make_kserve_venv(path: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="small", choices=["small", "full"])
-    parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--warmup", type=float, default=1.0)
-    parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--batches", type=lambda s: tuple(int(x) for x in s.split(",")), default=BATCHES)
+    add_load_arguments(parser)
     parser.add_argument("--kserve-python", help=f"python of a venv with kserve + tensorflow-cpu "
                         f"(default {DEFAULT_KSERVE_VENV}/bin/python)")
     parser.add_argument("--skip-kserve", action="store_true")

@@ -19,9 +19,7 @@ import urllib.request
 from pathlib import Path
 
 from benchmarks.peers import MODEL
-from benchmarks.server_payloads import check_probabilities, payloads, process_answers, run_loadgen
-
-BATCHES = (1, 256)
+from benchmarks.server_payloads import add_load_arguments, check_probabilities, payloads, process_answers, run_loadgen
 
 
 def bench_tls(args) -> tuple[dict, str]:
@@ -96,11 +94,7 @@ def bench_tls(args) -> tuple[dict, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="small", choices=["small", "full"])
-    parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--warmup", type=float, default=1.0)
-    parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--batches", type=lambda s: tuple(int(x) for x in s.split(",")), default=BATCHES)
+    add_load_arguments(parser)
     parser.add_argument("--out-dir", type=Path, help="write server_tls.json/.md here instead of benchmarks/results")
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

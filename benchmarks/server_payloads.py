@@ -4,6 +4,7 @@ of a server's answer against those."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 from pathlib import Path
@@ -15,6 +16,16 @@ from benchmarks.peers import OUTPUTS, tfs_grpc_request
 from benchmarks.v2_wire import v2_binary_request, v2_grpc_request, v2_json_request
 
 ROOT = Path(__file__).resolve().parent.parent
+BATCHES = (1, 256)
+
+
+def add_load_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model preset and the load generator's settings, as every server benchmark takes them."""
+    parser.add_argument("--preset", default="small", choices=["small", "full"])
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--batches", type=lambda s: tuple(int(x) for x in s.split(",")), default=BATCHES)
 
 
 def run_loadgen(spec: dict, workdir: Path) -> dict:
