@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import json
 import logging
-import time
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
@@ -44,9 +44,9 @@ from . import codec
 from .batching.model_batching import ModelBatching
 from .prediction_log import PredictionLogger
 from .prediction_log.record import Pending
-from .errors import DeadlineExceeded, ProcessorError, as_processor_error, result_or_error
-from .request import (PredictCall, PredictResult, Served, check_served, requested_version, wire_call,
-                      wire_result)
+from .errors import ProcessorError, as_processor_error, result_or_error
+from .request import (PredictCall, PredictResult, PreparedCall, Served, check_call, check_deadline, requested_version,
+                      wire_call, wire_result)
 from .served_model import ModelRegistry
 from .tracing import TraceRecorder
 from .tracing.tracer import now_us
@@ -129,6 +129,52 @@ class DataPlane:
             self._inlined[model] = result is not None
         return result
 
+    def prepare(self, call: PredictCall) -> PreparedCall | None:
+        """``call`` (numeric arrays by alias or tensor name) checked against its served group as
+        :meth:`predict` checks it, for :meth:`run_prepared`; runs nothing. None where the model's
+        calls take another path (batching, tracing, prediction logging) or an input is not a
+        numeric array. Raises ProcessorError as :meth:`predict` does."""
+        model, inputs = call.model, call.inputs
+        if not isinstance(inputs, dict) or model in self._batching or model in self._tracers or model in self._loggers:
+            return None
+        manager = self._managers.get(model)
+        if manager is None:
+            self._registry.get(model)  # raises NotFound with the list of models
+        version = self._version(call)
+
+        def check(group):
+            served = (check_call(model, group, version, call.signature_name)
+                      if version is not None or call.signature_name else group)
+            return group, served, codec.decode_arrays(inputs, call.output_filter, served.signature, call.check_shapes)
+        group, served, decoded = _on_served(manager, check)
+        feeds = decoded.feeds
+        if any(a.dtype.kind not in "biufc" for a in feeds.values()):
+            return None
+        return PreparedCall(model, weakref.ref(group), weakref.ref(served),
+                            tuple((alias, a.dtype, a.shape) for alias, a in feeds.items()),
+                            decoded.fetches, tuple(alias for _, alias in decoded.fetches))
+
+    def run_prepared(self, prepared: PreparedCall, feeds: dict[str, np.ndarray],
+                     deadline: float | None = None) -> PredictResult | None:
+        """``feeds`` (by alias, each of the dtype and shape ``prepared`` recorded: the caller's
+        promise, not checked again) run on the group ``prepared`` was checked on, as
+        :meth:`predict` runs them; None, having run nothing, once another version serves the
+        model or its calls take another path: prepare it again. Raises ProcessorError."""
+        model = prepared.model
+        if deadline is not None:
+            check_deadline(model, deadline)
+        if self._tracers and model in self._tracers:
+            return None
+
+        def run(group) -> PredictResult | None:
+            served = prepared.served()
+            if group is not prepared.group() or served is None:
+                return None
+            arrays = served.run(feeds, prepared.aliases)
+            return PredictResult({key: array for (key, _), array in zip(prepared.fetches, arrays)},
+                                 group.version, served.signature)
+        return _on_served(self._managers[model], run)
+
     def batches(self, model: str) -> bool:
         """Whether ``model`` batches its requests (``batching`` in its model_config)."""
         return model in self._batching
@@ -151,7 +197,7 @@ class DataPlane:
         try:
             group = handle.group
             if version is not None or call.signature_name:
-                group = _check_call(model, group, version, call.signature_name)
+                group = check_call(model, group, version, call.signature_name)
             queued = batching.queue(group, inputs, call.deadline, notify_fd)
         except ProcessorError:
             handle.release()
@@ -168,7 +214,7 @@ class DataPlane:
         """The version ``call`` asks for, its label resolved; DeadlineExceeded when its deadline
         passed already (a served model's call)."""
         if call.deadline is not None:
-            _check_deadline(call.model, call.deadline)
+            check_deadline(call.model, call.deadline)
         if call.label is not None:
             return requested_version(call.model, call.version, call.label, self._labels[call.model])
         return call.version
@@ -178,20 +224,12 @@ class DataPlane:
         its served group runs the engine natively (fast, without the GIL while it runs) and
         nothing makes a request wait (batching) or slow (tracing). For edges that decode on the
         caller's thread (KServe v2, TF Serving REST): there a small request costs less than
-        the hop to a pool. False for an unknown or unserved model."""
+        the hop to a pool. False for an unknown or unserved model. A hint: the served version is
+        read without a reference, and may be replaced the next moment."""
         if model in self._batching or model in self._tracers:
             return False
         manager = self._managers.get(model)
-        if manager is None:
-            return False
-        try:
-            handle = manager.acquire_handle()
-        except ProcessorError:
-            return False
-        try:
-            return handle.group.serves_natively
-        finally:
-            handle.release()
+        return manager is not None and manager.serves_natively()
 
     def inline_hint(self, model: str) -> bool:
         """Whether the last :meth:`try_inline` of ``model`` ran in place: a hint for an edge
@@ -249,7 +287,7 @@ class DataPlane:
             if pending is not None:
                 pending.group = group
             if version is not None or call.signature_name:
-                group = _check_call(call.model, group, version, call.signature_name)
+                group = check_call(call.model, group, version, call.signature_name)
             inputs = call.inputs
             if rec is None and inputs.__class__ in _WIRE and inputs and call.model not in self._batching:
                 return wire_result(group.serve(inputs), group.version, group.signature)
@@ -332,7 +370,7 @@ class DataPlane:
         version = self._version(call)
         handle = model.manager.acquire_handle()
         try:
-            return [self._answer(call, _check_call(call.model, handle.group, version, name), None)
+            return [self._answer(call, check_call(call.model, handle.group, version, name), None)
                     for name in signature_names]
         except ProcessorError:
             raise
@@ -350,7 +388,7 @@ class DataPlane:
         model = self._registry.get(name)
         wanted = requested_version(name, version, label, model.version_labels)
         with model.manager.acquire() as group:
-            _check_call(name, group, wanted, "")
+            check_call(name, group, wanted, "")
             return Served(group.version, group.signature, group.backend.engine_name, group.signatures)
 
     # --- timeline tracing -------------------------------------------------------------------
@@ -380,12 +418,19 @@ def _log_answered(logger: PredictionLogger, name: str, data: bytes | memoryview,
     logger.submit(pending)
 
 
-def _check_call(model: str, group, version: int | None, signature_name: str):
-    """The version and signature name a call asks for, against the group that will run it: the
-    group serving that signature (:meth:`~processor.engine.session_group.SessionGroup.for_signature`)."""
-    if version is not None:
-        check_served(model, group.version, version)
-    return group.for_signature(signature_name) if signature_name else group
+def _on_served(manager, work):
+    """``work(group)`` on the model's served group, referenced for the call (one acquire);
+    anything it raises is a ProcessorError. (:meth:`DataPlane._call`, the hot path, spells this
+    out: no closure made per request.)"""
+    handle = manager.acquire_handle()
+    try:
+        return work(handle.group)
+    except ProcessorError:
+        raise
+    except Exception as exc:
+        raise as_processor_error(exc) from exc
+    finally:
+        handle.release()
 
 
 def _run(group, decoded: codec.DecodedRequest, batching: ModelBatching | None = None,
@@ -419,11 +464,6 @@ class _Untimed:
 
 
 _untimed = _Untimed()
-
-
-def _check_deadline(name: str, deadline: float) -> None:
-    if time.monotonic() >= deadline:
-        raise DeadlineExceeded(f"model {name!r}: the request's deadline passed before it ran")
 
 
 class BatchedCall:

@@ -21,6 +21,7 @@ Immutable values (named tuples: built per request, so cheap to make); pure funct
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any, NamedTuple, Union
@@ -28,7 +29,7 @@ from typing import Any, NamedTuple, Union
 import numpy as np
 
 from .echo import cut, shorten
-from .errors import InvalidArgument, NotFound, SignatureNotFound
+from .errors import DeadlineExceeded, InvalidArgument, NotFound, SignatureNotFound
 from .signature import Signature
 
 # The id of the request being served: set by the edges that have one (HTTP X-Request-ID, gRPC
@@ -74,6 +75,21 @@ class PredictResult(NamedTuple):
     def version_number(self) -> int:
         return version_number(self.version)
 
+
+
+class PreparedCall(NamedTuple):
+    """A call of numeric arrays checked once against the group that served it
+    (``DataPlane.prepare``): later calls with arrays of the same dtypes and shapes run on that
+    group without the checks (``DataPlane.run_prepared``) until another version is served.
+    A prepared statement of sorts, for edges that see the same request form over and over."""
+
+    model: str
+    # weak references: a prepared call never keeps a version's sessions alive once it is retired
+    group: Any  # to the SessionGroup acquired when it was prepared (compared by identity)
+    served: Any  # to what runs it: that group, or its view of the call's signature
+    inputs: tuple[tuple[str, np.dtype, tuple[int, ...]], ...]  # (alias, dtype, shape), as checked
+    fetches: tuple[tuple[str, str], ...]  # (response key, output alias)
+    aliases: tuple[str, ...]  # the fetched outputs' aliases
 
 # The request path's two constructors. A named tuple's generated constructor fills the defaults
 # in a Python frame of its own; these build the tuple directly, their class bound once (counted
@@ -159,3 +175,17 @@ def served_signature(requested: str, signatures: Mapping[str, Signature]) -> Sig
         raise SignatureNotFound(f"Serving signature key {json.dumps(cut(requested))} not found. This model "
                                 f"serves {shorten(sorted(signatures), 200)}", requested)
     return found
+
+
+def check_call(model: str, group, version: int | None, signature_name: str):
+    """The version and signature name a call asks for, against the group that will run it: the
+    group serving that signature (:meth:`~processor.engine.session_group.SessionGroup.for_signature`)."""
+    if version is not None:
+        check_served(model, group.version, version)
+    return group.for_signature(signature_name) if signature_name else group
+
+
+def check_deadline(name: str, deadline: float) -> None:
+    """DeadlineExceeded for model ``name``'s call whose ``deadline`` (``time.monotonic()``) passed."""
+    if time.monotonic() >= deadline:
+        raise DeadlineExceeded(f"model {name!r}: the request's deadline passed before it ran")

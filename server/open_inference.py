@@ -356,6 +356,20 @@ def infer(rt, name: str, version: str | None, inputs: list[InferInput], outputs:
           charge: Callable[[int], None] | None = None) -> tuple[str, dict[str, np.ndarray]]:
     """Run one inference: (served version number as a string, outputs by name in request order).
     ``max_elements``, ``charge``: :func:`to_array`'s, for JSON data."""
+    result = rt.dataplane.predict(_call(name, version, inputs, outputs, max_elements, charge, deadline))
+    return str(result.version_number), result.outputs
+
+
+def prepare(rt, name: str, version: str | None, inputs: list[InferInput], outputs: list[str] | None):
+    """The ``PreparedCall`` of an infer request :func:`infer` answered (``DataPlane.prepare``):
+    later requests of the same form run it with their own arrays; None where the model's calls
+    cannot be prepared."""
+    return rt.dataplane.prepare(_call(name, version, inputs, outputs))
+
+
+def _call(name: str, version: str | None, inputs: list[InferInput], outputs: list[str] | None,
+          max_elements: int | None = None, charge: Callable[[int], None] | None = None,
+          deadline: float | None = None) -> PredictCall:
     wanted = _wanted(version)
     arrays: dict[str, np.ndarray] = {}
     for tensor in inputs:
@@ -364,6 +378,4 @@ def infer(rt, name: str, version: str | None, inputs: list[InferInput], outputs:
         arrays[tensor.name] = to_array(tensor, max_elements, charge)
     if outputs is not None and len(set(outputs)) != len(outputs):
         raise InvalidArgument(f"an output is requested twice: {echo(outputs)}")
-    result = rt.dataplane.predict(PredictCall(name, arrays, version=wanted, output_filter=outputs or None,
-                                              deadline=deadline))
-    return str(result.version_number), result.outputs
+    return PredictCall(name, arrays, version=wanted, output_filter=outputs or None, deadline=deadline)

@@ -125,6 +125,9 @@ class FakeManager:
     def served_version(self):
         return None
 
+    def serves_natively(self) -> bool:
+        return _Handle.group.serves_natively
+
     def info(self) -> dict:
         return {"name": self.name, "state": self.state, "version": None, "pinned": self.pinned is not None}
 

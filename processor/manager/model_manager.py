@@ -312,6 +312,13 @@ class ModelManager:
         handle = self._current
         return handle.group.version if handle else None
 
+    def serves_natively(self) -> bool:
+        """Whether the serving version runs whole requests in native code (its group's
+        ``serves_natively``): read without a reference, so a hint only, for the version may be
+        replaced at any moment."""
+        handle = self._current
+        return handle is not None and handle.group.serves_natively
+
     def info(self) -> dict[str, Any]:
         handle = self._current
         out: dict[str, Any] = {

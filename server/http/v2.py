@@ -41,6 +41,7 @@ from ..runtime import ServingRuntime
 from . import v2_json
 from .body import read_body
 from .memory_budget import Hold, trim_heap
+from .v2_prepared import PreparedInfers
 from .predict import Later, Now, PredictRoutes, Reply, as_response, error_reply, header, tracked
 from .tfs_json import DEFAULT_MAX_ELEMENTS, SMALL_BODY
 
@@ -88,6 +89,8 @@ def register(app, rt: ServingRuntime, errors: dict, routes: PredictRoutes) -> No
             return _error(exc)
         return JSONResponse({"name": model, "ready": ok}, status_code=200 if ok else 503)
 
+    prepared = PreparedInfers()  # the binary request forms seen before (:mod:`.v2_prepared`)
+
     def body_limit(header_length: str | None) -> tuple[int, str]:
         """A body's size limit and the setting that names it: a JSON body (no binary header)
         has the JSON limit, a binary one ``max_request_bytes``."""
@@ -107,7 +110,7 @@ def register(app, rt: ServingRuntime, errors: dict, routes: PredictRoutes) -> No
             with routes.json_budget.hold() as hold:
                 body = await read_body(receive, headers, limit, hold, setting)
                 limits = BodyLimits(limit, setting, routes.json_limits.max_elements, hold)
-                args = (rt, model, version, body, header_length, deadline, limits, encoding)
+                args = (rt, model, version, body, header_length, deadline, limits, encoding, prepared)
                 if encoding is not None:  # inflated, it may be any size: never in place
                     return await rt.run(model, infer_http, *args)
                 return await rt.serve(model, len(body), infer_http, *args)
@@ -124,7 +127,7 @@ def register(app, rt: ServingRuntime, errors: dict, routes: PredictRoutes) -> No
 
         return routes.budgeted(model, "v2_infer", length, lambda body, deadline, hold: infer_http(
             rt, model, version, body, header_length, deadline,
-            BodyLimits(limit, setting, routes.json_limits.max_elements, hold)))
+            BodyLimits(limit, setting, routes.json_limits.max_elements, hold), None, prepared))
 
     routes.add(INFER_PATH, infer, lean_infer)
 
@@ -181,28 +184,37 @@ def inflate(body: bytes | bytearray, wbits: int, limits: BodyLimits) -> bytearra
 
 def infer_http(rt: ServingRuntime, model: str, version: str | None, body: bytes | bytearray,
                header_length: str | None, deadline: float | None, limits: BodyLimits | None = None,
-               encoding: int | None = None) -> Reply:
+               encoding: int | None = None, prepared: PreparedInfers | None = None) -> Reply:
     """One v2 infer request (on the model's thread pool): body in, reply out. ``encoding``: the
-    zlib ``wbits`` of a compressed body (:func:`_encoding`)."""
+    zlib ``wbits`` of a compressed body (:func:`_encoding`); ``prepared``: the binary request
+    forms seen before (:mod:`.v2_prepared`), None to answer every request the ordinary way."""
     limits = limits or BodyLimits(rt.deployment.max_request_bytes)
     size = len(body)
     try:
         if encoding is not None:
             body = inflate(body, encoding, limits)
-        return _infer(rt, model, version, body, header_length, deadline, limits)
+        if prepared is not None and header_length is not None:
+            reply = prepared.answer(rt, model, version, body, header_length, deadline)
+            if reply is not None:
+                return reply
+        return _infer(rt, model, version, body, header_length, deadline, limits, prepared)
     finally:
         if max(size, len(body)) > SMALL_BODY:
             trim_heap()  # hand the freed decode memory back to the OS
 
 
 def _infer(rt: ServingRuntime, model: str, version: str | None, body: bytes | bytearray,
-           header_length: str | None, deadline: float | None, limits: BodyLimits) -> Reply:
+           header_length: str | None, deadline: float | None, limits: BodyLimits,
+           prepared: PreparedInfers | None = None) -> Reply:
     doc, binary = _split_body(body, header_length)
     inputs = _inputs(doc, binary)
     wanted, binary_out = _outputs(doc)
     charge = limits.hold.charge if limits.hold is not None else None
     number, outputs = oip.infer(rt, model, version, inputs, [name for name, _ in wanted] if wanted else None,
                                 deadline, limits.max_elements, charge)
+    if prepared is not None and header_length is not None:
+        prepared.learn(rt, model, version, bytes(body[:len(body) - len(binary)]), doc, inputs, wanted, binary_out,
+                       number, outputs)
     out_json, blobs = [], []
     for name, array in outputs.items():
         tensor = {"name": name, "datatype": oip.datatype_of(array), "shape": list(array.shape)}
