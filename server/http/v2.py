@@ -52,7 +52,7 @@ _ENCODINGS = {"gzip": 31, "x-gzip": 31, "deflate": 15}  # zlib wbits: gzip heade
 _INFLATE_STEP = 1 << 20  # bytes inflated at a time, each counted against the limit
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a frozen one costs 0.3 us more to make, once per request
 class BodyLimits:
     """How much one infer body may take: ``limit`` bytes (``setting`` names it), inflated too;
     ``max_elements`` per tensor of JSON data; ``hold``: its share of the decode memory budget."""
