@@ -3,7 +3,8 @@
 ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata and ModelInfer, as
 tritonclient and KServe's SDK call them (``protos/grpc_predict_v2.proto``). Inputs come as
 ``raw_input_contents`` or typed ``contents``; outputs go back as ``raw_output_contents``
-(Triton's choice; FP16 and BF16 have no typed field). The protocol is
+(Triton's choice; FP16 and BF16 have no typed field). A request of raw contents in a form seen
+before runs from that form (:mod:`server.infer_forms`). The protocol is
 :mod:`server.open_inference`; each call goes through the server's interceptor
 (:mod:`.interceptor`: parsing, request id, drain gate, metrics, error mapping; ServerLive,
 ServerReady and ServerMetadata, about the server itself, are not counted); ModelInfer's work
@@ -19,6 +20,7 @@ from processor.proto import grpc_predict_v2_pb2 as pb
 
 from .. import open_inference as oip
 from ..deadline import from_grpc
+from ..infer_forms import InferForms
 from ..runtime import ServingRuntime
 from .interceptor import Method, Service, request_bytes
 
@@ -39,6 +41,7 @@ class V2Service:
 
     def __init__(self, rt: ServingRuntime) -> None:
         self.rt = rt
+        self._forms = InferForms()  # raw requests of a form seen before (server/infer_forms.py)
 
     async def server_live(self, request, context) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
@@ -66,13 +69,45 @@ class V2Service:
         return await self.rt.serve(request.model_name, request_bytes.get(), self._infer, request, from_grpc(context))
 
     def _infer(self, request, deadline: float | None) -> pb.ModelInferResponse:
-        number, outputs = oip.infer(self.rt, request.model_name, request.model_version or None,
-                                    _inputs(request), [o.name for o in request.outputs] or None, deadline)
-        response = pb.ModelInferResponse(model_name=request.model_name, model_version=number, id=request.id)
-        for name, array in outputs.items():
-            response.outputs.add(name=name, datatype=oip.datatype_of(array), shape=array.shape)
-            response.raw_output_contents.append(oip.raw_bytes(array))
-        return response
+        rt, forms = self.rt, self._forms
+        key = _form_key(request)
+        form = forms.get(key) if key is not None else None
+        if form is not None:
+            result = forms.run(rt, key, form, request.raw_input_contents, deadline)
+            if result is not None:
+                return _response(request, str(result.version_number), result.outputs)
+        inputs, wanted = _inputs(request), [o.name for o in request.outputs] or None
+        number, outputs = oip.infer(rt, request.model_name, request.model_version or None, inputs, wanted, deadline)
+        if key is not None:
+            forms.learn(rt, key, request.model_name, request.model_version or None, inputs, wanted, outputs)
+        return _response(request, number, outputs)
+
+
+def _response(request, number: str, outputs: dict[str, np.ndarray]) -> pb.ModelInferResponse:
+    response = pb.ModelInferResponse(model_name=request.model_name, model_version=number, id=request.id)
+    for name, array in outputs.items():
+        response.outputs.add(name=name, datatype=oip.datatype_of(array), shape=array.shape)
+        response.raw_output_contents.append(oip.raw_bytes(array))
+    return response
+
+
+def _form_key(request) -> tuple | None:
+    """A ModelInfer request's form (:mod:`server.infer_forms`): its model, version, inputs'
+    names, datatypes and shapes, and the outputs it names; None for a request that is not
+    plain (typed contents, parameters: the ordinary path reads them)."""
+    if not request.raw_input_contents or request.parameters:
+        return None
+    inputs = []
+    for tensor in request.inputs:
+        if tensor.parameters or tensor.HasField("contents"):
+            return None
+        inputs.append((tensor.name, tensor.datatype, tuple(tensor.shape)))
+    wanted = []
+    for output in request.outputs:
+        if output.parameters:
+            return None
+        wanted.append(output.name)
+    return request.model_name, request.model_version, tuple(inputs), tuple(wanted)
 
 
 def _inputs(request) -> list[oip.InferInput]:

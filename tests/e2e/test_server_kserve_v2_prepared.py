@@ -1,11 +1,13 @@
-"""KServe v2 binary requests answered from a prepared form (server/http/v2_prepared.py).
+"""KServe v2 requests run from a form seen before (server/infer_forms.py; over HTTP
+server/http/v2_prepared.py, over gRPC ModelInfer's raw contents).
 
-A real ServingApp (uvicorn + our protocol, in a thread) serves the DLRM-like ``.onnx`` model.
-The second request of a plain binary form (the same JSON header) is answered from the form
-kept after the first: byte for byte what the ordinary path answers to the same tensors, and
-what ``process()`` computes. Forms that are not plain (an ``id``, JSON data or JSON outputs)
-are never kept; a kept form's request whose binary part does not fit gets the ordinary path's
-400; a deadline that passed is a 504 either way.
+A real ServingApp (uvicorn + our protocol and grpc, in a thread) serves the DLRM-like ``.onnx``
+model. The second request of a plain binary form (over HTTP the same JSON header) is answered
+from the form kept after the first: byte for byte what the ordinary path answers to the same
+tensors, and what ``process()`` computes. Forms that are not plain (an ``id`` over HTTP, JSON
+data or JSON outputs, parameters, typed contents) are never kept; a kept form's request whose
+raw bytes do not fit gets the ordinary path's 400 / INVALID_ARGUMENT; a deadline that passed
+is a 504 either way.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ def server(model_dir):
 
     deployment = DeploymentConfig.from_dict({
         "models": [{"name": MODEL, "model_config": model_config(model_dir)}],
-        "host": "127.0.0.1", "http_port": 0, "grpc_port": None, "access_log": False})
+        "host": "127.0.0.1", "http_port": 0, "grpc_port": 0, "access_log": False})
     app = ServingApp(deployment, announce=lambda line: None)
     thread = threading.Thread(target=app.run, daemon=True)
     thread.start()
@@ -57,17 +59,17 @@ def server(model_dir):
 
 @pytest.fixture
 def answered(monkeypatch):
-    """How each binary request was answered from now on: True from a prepared form."""
-    from server.http.v2_prepared import PreparedInfers
+    """How each request of a kept form was answered from now on: True from the form."""
+    from server.infer_forms import InferForms
 
     out: list[bool] = []
-    real = PreparedInfers.answer
+    real = InferForms.run
 
     def spied(self, *args, **kwargs):
-        reply = real(self, *args, **kwargs)
-        out.append(reply is not None)
-        return reply
-    monkeypatch.setattr(PreparedInfers, "answer", spied)
+        result = real(self, *args, **kwargs)
+        out.append(result is not None)
+        return result
+    monkeypatch.setattr(InferForms, "run", spied)
     return out
 
 
@@ -124,7 +126,7 @@ def test_a_repeated_plain_form_is_answered_from_it_as_the_ordinary_path_answers(
     other, m = binary_body(second, {"note": 1})
     status4, headers4, out4 = post(server, other, m)
     assert (status1, status2, status3, status4) == (200, 200, 200, 200)
-    assert answered == [False, True, True, False]
+    assert answered == [True, True]  # the first and the last have no kept form
     assert out3 == out1 and headers3["inference-header-content-length"] == headers1["inference-header-content-length"]
     assert out2 == out4 and headers2["inference-header-content-length"] == headers4["inference-header-content-length"]
     assert headers2["content-type"] == "application/octet-stream"
@@ -168,7 +170,48 @@ def test_a_kept_forms_request_that_does_not_fit_gets_the_ordinary_answer(server,
     body, n = binary_body(dlrm_onnx.inputs(1, seed=3))
     assert post(server, body, n)[0] == 200
     assert post(server, body, n)[0] == 200 and answered[-1]
-    status, _, out = post(server, body[:-8], n)  # the binary part is short
-    assert status == 400 and "binary" in json.loads(out)["error"] and answered[-1] is False
+    status, _, out = post(server, body[:-8], n)  # the binary part is short: no form fits it
+    assert status == 400 and "binary" in json.loads(out)["error"] and len(answered) == 1
     status, _, out = post(server, body, n, {"X-Request-Timeout-Ms": "0.001"})  # its deadline passes at once
     assert status == 504 and "deadline" in json.loads(out)["error"]
+
+
+def infer_request(feeds: dict[str, np.ndarray], **extra):
+    from processor.proto import grpc_predict_v2_pb2 as pb
+
+    datatypes = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64"}
+    request = pb.ModelInferRequest(model_name=MODEL, id="grpc-1", **extra)
+    for name, value in feeds.items():
+        request.inputs.add(name=name, datatype=datatypes[value.dtype], shape=value.shape)
+        request.raw_input_contents.append(np.ascontiguousarray(value).tobytes())
+    return request
+
+
+def test_grpc_model_infer_of_a_kept_form_answers_as_the_ordinary_path(server, model_dir, answered):
+    import grpc
+
+    from demo import dlrm_onnx
+    from processor.proto import grpc_predict_v2_pb2 as pb
+
+    first, second = dlrm_onnx.inputs(2, seed=31), dlrm_onnx.inputs(2, seed=32)
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}")
+    infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                                request_serializer=pb.ModelInferRequest.SerializeToString,
+                                response_deserializer=pb.ModelInferResponse.FromString)
+    try:
+        infer(infer_request(first), timeout=30)  # the ordinary path; the form is kept
+        from_form = infer(infer_request(second), timeout=30)
+        # a parameter makes the form not plain: the ordinary path, the same answer
+        ordinary = infer(infer_request(second, parameters={"note": pb.InferParameter(int64_param=1)}), timeout=30)
+        short = infer_request(second)
+        short.raw_input_contents[1] = short.raw_input_contents[1][:-8]
+        with pytest.raises(grpc.RpcError) as refused:
+            infer(short, timeout=30)
+    finally:
+        channel.close()
+    assert answered == [True, False]  # the second from the form; the short one: no form fits it
+    assert from_form.SerializeToString() == ordinary.SerializeToString()
+    assert from_form.id == "grpc-1" and list(from_form.outputs[0].shape) == [2, 1]
+    np.testing.assert_allclose(np.frombuffer(from_form.raw_output_contents[0], "<f4").reshape(2, 1),
+                               reference(model_dir, second), rtol=1e-5, atol=1e-6)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT

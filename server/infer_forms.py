@@ -1,0 +1,102 @@
+"""KServe v2 infer requests run from a form seen before (the binary tensor extension over HTTP,
+``raw_input_contents`` over gRPC).
+
+A client sends the same request form again and again: the same inputs (names, datatypes,
+shapes, raw sizes) and outputs, only the tensors' bytes change. The first request of a form is
+answered the ordinary way; if its tensors are all raw and numeric (not BOOL or BF16, whose
+contents the ordinary path checks per request) its form is kept: each input's alias, dtype,
+shape and size, checked once against the served signature (``DataPlane.prepare``). A later
+request of that form cuts its inputs from its raw bytes and runs them on the version they were
+checked on (``DataPlane.run_prepared``), skipping the parse of the form and the checks; the
+transport writes the answer as it writes the ordinary one (tests compare the bytes).
+
+A form is found by a key the transport makes (the HTTP JSON header's bytes; the gRPC request's
+input and output descriptions), with the model and version path in it. Anything a form does not
+cover takes the ordinary path, which gives the errors: raw bytes of another size, a version
+swap (the form is dropped), a model that batches, traces or logs (never prepared). At most
+``MAX_FORMS`` forms are kept (then all are forgotten at once), each holding weak references to
+the version it was checked on. Thread-safe (dict operations under the GIL; two threads may
+prepare the same form, one wins).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import numpy as np
+
+from . import open_inference as oip
+
+MAX_FORMS = 256
+_UNCHECKED = {"BOOL", "BF16", "BYTES"}  # contents checked per request by the ordinary path
+
+
+class InferForm:
+    """One kept form: its PreparedCall, its inputs and outputs, and what its transport keeps
+    with it (``extra``: HTTP's response header template)."""
+
+    __slots__ = ("call", "inputs", "size", "outputs", "extra")
+
+    def __init__(self, call, inputs: tuple, outputs: tuple, extra: Any) -> None:
+        self.call = call
+        self.inputs = inputs  # (alias, little-endian dtype, native dtype, shape, raw bytes) each
+        self.size = sum(place[4] for place in inputs)  # raw bytes of all inputs
+        self.outputs = outputs  # (native dtype, little-endian dtype) of each output, in answer order
+        self.extra = extra
+
+
+class InferForms:
+    """See the module doc."""
+
+    def __init__(self) -> None:
+        self._forms: dict[Hashable, InferForm] = {}
+
+    def get(self, key: Hashable) -> InferForm | None:
+        return self._forms.get(key)
+
+    def run(self, rt, key: Hashable, form: InferForm, raws: Sequence, deadline: float | None):
+        """The PredictResult of a request of ``form`` whose inputs' raw bytes are ``raws`` (in
+        input order); None: answer it the ordinary way. Raises ProcessorError (the engine's
+        errors, a passed deadline)."""
+        if len(raws) != len(form.inputs):
+            return None
+        feeds = {}
+        for raw, (alias, little, native, shape, size) in zip(raws, form.inputs):
+            if len(raw) != size:
+                return None
+            feeds[alias] = np.frombuffer(raw, little).astype(native).reshape(shape)
+        result = rt.dataplane.run_prepared(form.call, feeds, deadline)
+        if result is None:  # another version serves the model: prepare the form afresh
+            self._forms.pop(key, None)
+            return None
+        if any(array.dtype != dtype for array, (dtype, _) in zip(result.outputs.values(), form.outputs)):
+            return None
+        return result
+
+    def learn(self, rt, key: Hashable, model: str, version: str | None, inputs: list[oip.InferInput],
+              wanted: list[str] | None, outputs: dict[str, np.ndarray], extra: Any = None) -> InferForm | None:
+        """Keep the form of a request the ordinary path just answered with ``outputs`` when its
+        tensors allow it (see the module doc); the form kept, or None. Never raises for the
+        request's sake: a form that cannot be prepared is not kept."""
+        if not all(t.raw is not None and t.datatype not in _UNCHECKED for t in inputs) or not all(
+                a.dtype.kind in "biufc" and oip.datatype_of(a) not in _UNCHECKED for a in outputs.values()):
+            return None
+        try:
+            call = oip.prepare(rt, model, version, inputs, wanted)
+        except Exception:  # noqa: BLE001 - it was just answered; a form is an optimization
+            return None
+        if call is None or len(call.inputs) != len(inputs):
+            return None
+        places = []
+        for tensor, (alias, dtype, shape) in zip(inputs, call.inputs):
+            little = oip.DATATYPES[tensor.datatype].newbyteorder("<")
+            if little.newbyteorder("=") != dtype or tuple(tensor.shape) != shape:
+                return None
+            places.append((alias, little, dtype, shape, len(tensor.raw)))
+        form = InferForm(call, tuple(places), tuple((a.dtype, a.dtype.newbyteorder("<")) for a in outputs.values()),
+                         extra)
+        if len(self._forms) >= MAX_FORMS:
+            self._forms.clear()
+        self._forms[key] = form
+        return form
