@@ -93,11 +93,12 @@ def _fetches(output_filter: Sequence[str], signature: Signature) -> tuple[tuple[
 
 def _array_any_shape(value: Any, spec: TensorSpec) -> np.ndarray:
     """:func:`array_from_numpy` checking the dtype only."""
-    return array_from_numpy(value, TensorSpec(spec.alias, spec.name, spec.dtype, None))
+    return array_from_numpy(value, spec, check_shape=False)
 
 
-def array_from_numpy(value: Any, spec: TensorSpec) -> np.ndarray:
-    """Check a numpy input against its signature tensor (dtype and shape); strings as bytes."""
+def array_from_numpy(value: Any, spec: TensorSpec, check_shape: bool = True) -> np.ndarray:
+    """Check a numpy input against its signature tensor (dtype and, with ``check_shape``, rank
+    and fixed dimensions); strings as bytes."""
     try:
         array = np.asarray(value)
         dt = dtype_of_array(array)
@@ -106,7 +107,8 @@ def array_from_numpy(value: Any, spec: TensorSpec) -> np.ndarray:
     if dt != spec.dtype:
         raise InvalidArgument(f"input {spec.alias!r}: dtype {dtype_name(dt)} given, "
                               f"signature expects {dtype_name(spec.dtype)}")
-    _check_shape(spec, array.shape)
+    if check_shape:
+        _check_shape(spec, array.shape)
     if dt == DT_STRING and array.dtype != object:
         array = np.array([v.encode() if isinstance(v, str) else bytes(v) for v in array.ravel().tolist()],
                          dtype=object).reshape(array.shape)
@@ -122,6 +124,8 @@ def array_from_proto(proto: predict_pb2.ArrayProto, spec: TensorSpec) -> np.ndar
     if wire is None:
         raise InvalidArgument(f"input {spec.alias!r}: dtype {dtype_name(spec.dtype)} is not supported")
     shape = tuple(proto.array_shape.dim)
+    if any(d < 0 for d in shape):
+        raise InvalidArgument(f"input {spec.alias!r}: negative dimension in shape {list(shape)}")
     _check_shape(spec, shape)
     count = 1
     for d in shape:
@@ -154,8 +158,7 @@ def array_from_proto(proto: predict_pb2.ArrayProto, spec: TensorSpec) -> np.ndar
 
 
 def _check_shape(spec: TensorSpec, shape: tuple[int, ...]) -> None:
-    if any(d < 0 for d in shape):
-        raise InvalidArgument(f"input {spec.alias!r}: negative dimension in shape {list(shape)}")
+    """``shape`` (no negative dimension: a numpy array's, or checked) against the signature's."""
     expected = spec.shape
     if expected is None:
         return
