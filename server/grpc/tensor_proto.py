@@ -33,20 +33,21 @@ def to_numpy(name: str, proto, max_bytes: int | None = None) -> np.ndarray:
         raise InvalidArgument(f"input {name!r}: dtype {dtype_name(proto.dtype)} is not supported")
     if proto.tensor_shape.unknown_rank:
         raise InvalidArgument(f"input {name!r}: the tensor has unknown rank")
-    shape = tuple(d.size for d in proto.tensor_shape.dim)
-    if any(d < 0 for d in shape):
+    shape = tuple([d.size for d in proto.tensor_shape.dim])
+    if shape and min(shape) < 0:
         raise InvalidArgument(f"input {name!r}: negative dimension in shape {list(shape)}")
     count = math.prod(shape)  # exact (a Python int): a shape past int64 is no smaller than it is
     if proto.dtype == DT_STRING:
         values = list(proto.string_val)
         return _fit(name, np.array(values, dtype=object) if values else np.empty(0, object), shape, count,
                     max_bytes)
-    if proto.tensor_content:
+    content = proto.tensor_content  # (each read of the field makes a bytes object)
+    if content:
         item = wire.numpy.itemsize
-        if len(proto.tensor_content) != count * item:
-            raise InvalidArgument(f"input {name!r}: tensor_content holds {len(proto.tensor_content)} "
+        if len(content) != count * item:
+            raise InvalidArgument(f"input {name!r}: tensor_content holds {len(content)} "
                                   f"bytes, shape {list(shape)} of {dtype_name(proto.dtype)} needs {count * item}")
-        return np.frombuffer(proto.tensor_content, dtype=wire.numpy).reshape(shape)
+        return np.frombuffer(content, dtype=wire.numpy).reshape(shape)
     if proto.dtype == DT_HALF:
         flat = np.array(proto.half_val, dtype=np.uint16).view(np.float16)
     elif proto.dtype in _TYPED_FIELD:
