@@ -41,7 +41,8 @@ def bench_tls(args) -> tuple[dict, str]:
     ca = str(certs["ca.crt"])
     rows = []
     for mode in ("plaintext", "TLS"):
-        tls = {"tls_cert_file": str(certs["server.crt"]), "tls_key_file": str(certs["server.key"])} if mode == "TLS" else {}
+        tls = ({"tls_cert_file": str(certs["server.crt"]), "tls_key_file": str(certs["server.key"])}
+               if mode == "TLS" else {})
         deployment = {"models": [{"name": MODEL, "model_config": config}], "access_log": False,
                       "max_request_bytes": 64 << 20, "log_level": "WARNING", **tls}
         context = ssl.create_default_context(cafile=ca) if tls else None

@@ -9,6 +9,11 @@ metadata calls the same way. Every failure is a :class:`~processor.errors.Proces
 (an unexpected exception becomes INTERNAL with the original as its ``__cause__``); edges map it
 once. Thread-safe: any number of threads may call any method at once.
 
+Prepared calls: :meth:`DataPlane.prepare` checks a call of numeric arrays against the served
+group once (nothing runs); :meth:`DataPlane.run_prepared` runs other arrays of that form on that
+group without the checks, until another version serves (it then answers None: prepare again).
+For edges whose clients send one request form over and over (KServe v2's raw tensors).
+
 Batching: a model with ``batching`` settings has one
 :class:`~processor.batching.model_batching.ModelBatching` (its
 :class:`~processor.served_model.ServedModel` owns it): one row budget bounds all its queues.

@@ -51,8 +51,8 @@ class Reply:
 @dataclass(frozen=True, slots=True)
 class Later:
     """A lean request's answer that is awaited on the connection's loop rather than given at
-    once (a batching model's request waits for its batch): ``await run(body, headers)`` ->
-    Reply; never raises."""
+    once (a batching model's request waits for its batch, another model's runs on its pool):
+    ``await run(body, headers)`` -> Reply; never raises."""
 
     run: Callable[[bytes, list], Awaitable[Reply]]
 
@@ -226,11 +226,10 @@ class PredictRoutes:
                 return Reply(200, await self.rt.serve(name, len(body), tfs_predict, *args))
         return await tracked(self.rt, name, f"tfs_{method}", work, error_reply)
 
-    def _tfs_args(self, m: re.Match, body: bytes | bytearray, deadline: float | None, hold: Hold | None) -> tuple:
+    def _tfs_args(self, m: re.Match, body: bytes | bytearray, deadline: float | None, hold: Hold) -> tuple:
         """:func:`tfs_predict`'s arguments for a request to the path ``m`` matched."""
-        version = m.group(2)
-        wanted = None if version is None else parse_version(version)
-        return self.rt, m.group(1), wanted, m.group(3), m.group(4).lower(), body, deadline, self.json_limits, hold
+        return (self.rt, m.group(1), _tfs_version(m), m.group(3), m.group(4).lower(), body, deadline,
+                self.json_limits, hold)
 
     def _tfs_lean(self, m: re.Match, length: int) -> Now | Later | None:
         """:meth:`tfs` on the lean path (see :meth:`lean_admit`); a version that is not a number
@@ -238,7 +237,7 @@ class PredictRoutes:
         if length > self.json_limit:
             return None
         try:
-            self._tfs_args(m, b"", None, None)
+            _tfs_version(m)
         except InvalidArgument:
             return None
         return self.budgeted(m.group(1), f"tfs_{m.group(4).lower()}", length, lambda body, deadline, hold: Reply(
@@ -271,6 +270,13 @@ class PredictRoutes:
                     return await rt.run(model, run, body, deadline, hold)
             return await tracked(rt, model, api, work, error_reply)
         return Later(later)
+
+
+def _tfs_version(m: re.Match) -> int | None:
+    """The version a TF Serving REST path names (``PREDICT_PATH``'s match), or None;
+    InvalidArgument when it is out of range."""
+    version = m.group(2)
+    return None if version is None else parse_version(version)
 
 
 class TfsJsonInputs:

@@ -224,7 +224,8 @@ def test_tf_serving_and_v2_requests_to_a_pooled_model_are_deferred_lean_answers(
     assert kinds == [Later.__name__, Later.__name__, "NoneType", Later.__name__]
     (tfs_status, tfs), (v2_status, v2_doc), (bad_status, bad), (missing_status, missing) = answers
     assert tfs_status == 200 and v2_status == 200
-    np.testing.assert_allclose(np.asarray(tfs["predictions"], np.float32).reshape(want.shape), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(tfs["predictions"], np.float32).reshape(want.shape), want,
+                               rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.asarray(v2_doc["outputs"][0]["data"], np.float32).reshape(want.shape), want,
                                rtol=1e-5, atol=1e-6)
     assert bad_status == 400 and "version" in bad["error"].lower()
