@@ -19,9 +19,15 @@ Every server is started first; then each row is loaded in turn, for ``--rounds``
 machine's speed drifts by up to a third within minutes, so a figure is the median of its
 rounds and a ratio the median of ratios between rows of the same round. Figures: req/s,
 p50/p99 (ms), server CPU per request (us, the server process's user + system time over the
-timed run / requests). Writes ``benchmarks/results/edges.json`` and ``.md``.
+timed run / requests, its worker processes' included). Writes ``benchmarks/results/edges.json``
+and ``.md`` (``--tag NAME``: ``edges-NAME``).
+
+On a machine of more cores, ``--server-cpus`` and ``--load-cpus`` (``taskset -c`` lists) keep
+the servers (and ``process()``'s threads) and the load generators on cores of their own, with
+``--load-threads`` threads each; ``--workers N`` runs our server with N worker processes.
 
     .venv/bin/python -m benchmarks.bench_edges [--seconds 5] [--rounds 3] [--skip-batching] [--out-dir DIR]
+        [--server-cpus 0-1 --load-cpus 4-11 --load-threads 4] [--workers 2] [--tag NAME]
 """
 
 from __future__ import annotations
@@ -95,10 +101,10 @@ def answer(edge: str, http: str, grpc_target: str, path: str, body: bytes, heade
             raw = channel.unary_unary(path)(body, metadata=tuple(headers.items()), timeout=60)
         if edge == "gRPC ours":
             return decode_response(raw)["prob"]
-        import tensorflow as tf
-        from tensorflow_serving.apis import predict_pb2
+        from server.grpc.tensor_proto import to_numpy
+        from server.tfs_messages import messages
 
-        return tf.make_ndarray(predict_pb2.PredictResponse.FromString(raw).outputs["prob"])
+        return to_numpy("prob", messages().PredictResponse.FromString(raw).outputs["prob"])
     request = urllib.request.Request(http + path, data=body, headers=headers)
     with urllib.request.urlopen(request, timeout=60) as resp:
         raw = resp.read()
@@ -138,23 +144,25 @@ class Server:
         os.unlink(self.log.name)
 
 
-def our_server(work: Path, models: list[dict], http_port: int, grpc_port: int, **keys) -> Server:
-    """``python -m server`` with the deployment's defaults but ``models``, the ports and ``keys``."""
+def our_server(work: Path, models: list[dict], http_port: int, grpc_port: int, cpus: str | None = None,
+               **keys) -> Server:
+    """``python -m server`` with the deployment's defaults but ``models``, the ports and ``keys``,
+    on the CPUs ``cpus`` when given."""
     deployment = work / f"deployment-{http_port}.json"
     deployment.write_text(json.dumps({"models": models, "http_port": http_port, "grpc_port": grpc_port, **keys}))
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    server = Server([sys.executable, "-m", "server", "--config", str(deployment)], env=env)
+    server = Server(native_load.pinned([sys.executable, "-m", "server", "--config", str(deployment)], cpus), env=env)
     wait_http(f"http://127.0.0.1:{http_port}/readyz", server.proc)
     return server
 
 
 def load(edge: str, port: int, pid: int, path: str, body: bytes, headers: dict, seconds: float,
-         connections: int = 32) -> dict:
+         connections: int = 32, cpus: str | None = None, threads: int = 2) -> dict:
     if edge in GRPC_EDGES or edge.startswith("gRPC floor"):
         return native_load.h2load(f"http://127.0.0.1:{port}{path}", body, headers, pid, clients=8, streams=4,
-                                  seconds=seconds)
+                                  seconds=seconds, cpus=cpus, threads=threads)
     return native_load.wrk(f"http://127.0.0.1:{port}{path}", body, headers, pid, connections=connections,
-                           seconds=seconds)
+                           seconds=seconds, cpus=cpus, threads=threads)
 
 
 # --- the run ----------------------------------------------------------------------------------
@@ -184,7 +192,7 @@ def bench(args) -> dict:
             status, out = processor.process(data)
             assert status == 200, out
             expected[b] = decode_response(out)["prob"]
-            r = run_threads(lambda _i, d=data: processor.process(d), 2, args.seconds)
+            r = on_cpus(args.server_cpus, lambda d=data: run_threads(lambda _i: processor.process(d), 2, args.seconds))
             rows.append({"server": "process() in-process", "edge": "process()", "batch": b, "threads": 2,
                          "req_per_s": r["calls_per_s"], "p50_ms": r["p50_us"] / 1000, "p99_ms": r["p99_us"] / 1000})
             print(f"process() batch {b}: {r['calls_per_s']:.0f}/s", flush=True)
@@ -203,8 +211,9 @@ def bench(args) -> dict:
                 ("grpc", "gRPC floor (sync)", [], "/x.Y/Z", "gRPC ours"),
                 ("grpc", "gRPC floor (aio)", ["--aio"], "/x.Y/Z", "gRPC ours")):
             port = free_port()
-            floor = stack.enter_context(Server([sys.executable, "-m", "benchmarks.edge_floors", kind, "--port",
-                                                str(port), "--body-bytes", str(answer_bytes), *extra]))
+            floor = stack.enter_context(Server(native_load.pinned(
+                [sys.executable, "-m", "benchmarks.edge_floors", kind, "--port", str(port), "--body-bytes",
+                 str(answer_bytes), *extra], args.server_cpus)))
             floor.wait_line("READY")
             plan.append(("floor", name, 1, floor.proc, port, path, requests[1][edge][1],
                          {"Content-Type": PROTOBUF} if kind == "http" else {}))
@@ -215,8 +224,10 @@ def bench(args) -> dict:
                                             ("ours, access_log false", {"access_log": False},
                                              ("HTTP ours", "gRPC ours"), (1,))):
             http_port, grpc_port = free_port(), free_port()
+            if args.workers > 1:
+                keys = {**keys, "workers": args.workers}
             server = stack.enter_context(our_server(work, [{"name": MODEL, "model_config": config}], http_port,
-                                                    grpc_port, **keys))
+                                                    grpc_port, args.server_cpus, **keys))
             http, target = f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}"
             for b in batches:
                 for edge in edges:
@@ -229,14 +240,45 @@ def bench(args) -> dict:
                     plan.append((label, edge, b, server.proc, port, path, body, headers))
         for round_ in range(args.rounds):
             for label, edge, b, proc, port, path, body, headers in plan:
-                r = load(edge, port, proc.pid, path, body, headers, args.seconds)
+                r = load(edge, port, proc.pid, path, body, headers, args.seconds, cpus=args.load_cpus,
+                         threads=args.load_threads)
                 rows.append({"server": label, "edge": edge, "batch": b, "round": round_, **r})
                 print(f"round {round_} {label} {edge} batch {b}: {r['req_per_s']:.0f}/s p99 {r['p99_ms']:.1f} ms, "
                       f"{r['cpu_us_per_request']:.0f} us/req, errors {r['errors']}", flush=True)
 
     if not args.skip_batching:
         rows.extend(edge_batching(work, args.seconds, args.rounds))
-    return {"machine": machine(), "seconds": args.seconds, "rounds": args.rounds, "rows": rows}
+    return {"machine": machine(), "seconds": args.seconds, "rounds": args.rounds, "rows": rows,
+            "placement": placement(args)}
+
+
+def on_cpus(cpus: str | None, work):
+    """``work()`` with this thread (and the threads it starts) on the CPUs ``cpus`` when given."""
+    if not cpus:
+        return work()
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, _cpu_list(cpus))
+    try:
+        return work()
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def _cpu_list(cpus: str) -> set[int]:
+    out: set[int] = set()
+    for part in cpus.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def placement(args) -> str:
+    """Where the servers and the load generators ran, for the report."""
+    workers = f"; our server with {args.workers} worker processes" if args.workers > 1 else ""
+    if not args.server_cpus and not args.load_cpus:
+        return f"servers and load generators share the machine's cores{workers}"
+    return (f"servers and process() on CPUs {args.server_cpus or 'any'}, load generators on CPUs "
+            f"{args.load_cpus or 'any'} ({args.load_threads} threads each){workers}")
 
 
 def edge_batching(work: Path, seconds: float, rounds: int) -> list[dict]:
@@ -297,7 +339,7 @@ def report(result: dict) -> str:
              f"{result['seconds']} s per row, {result.get('rounds', 1)} rounds (every row in turn, round after round: "
              "each figure is the median of its rounds, each ratio the median of the rounds' ratios); DLRM-like "
              ".onnx, session_num 2, per-session pools, intra-op 1; HTTP: wrk, 32 connections; gRPC: h2load, "
-             "8 connections x 4 streams.", "",
+             f"8 connections x 4 streams; {result.get('placement', 'one machine')}.", "",
              "| server | edge | batch | req/s | p50 ms | p99 ms | server CPU us/req | errors |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]
     for (server, edge, batch), group in groups.items():
@@ -349,9 +391,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="every row in turn, this many times")
     parser.add_argument("--skip-batching", action="store_true", help="skip the demo model's batching rows")
     parser.add_argument("--out-dir", type=Path)
+    parser.add_argument("--server-cpus", help="taskset -c list for the servers and process()'s threads")
+    parser.add_argument("--load-cpus", help="taskset -c list for wrk and h2load")
+    parser.add_argument("--load-threads", type=int, default=2, help="threads of each load generator")
+    parser.add_argument("--workers", type=int, default=1, help="worker processes of our server")
+    parser.add_argument("--tag", help="write edges-TAG.json/.md")
     args = parser.parse_args(argv)
     result = bench(args)
-    write_results("edges", result, report(result), args.out_dir)
+    write_results(f"edges-{args.tag}" if args.tag else "edges", result, report(result), args.out_dir)
     return 0
 
 

@@ -35,9 +35,29 @@ def available() -> dict[str, bool]:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of ``pid`` and its waited-for children."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return sum(int(fields[i]) for i in (11, 12, 13, 14)) / _TICK
+    """User + system CPU seconds of ``pid`` and its waited-for children, and of its live
+    descendants (a server's worker processes)."""
+    stats = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stats[int(entry.name)] = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # gone meanwhile
+                continue
+    tree, total = [pid], 0.0
+    while tree:
+        at = tree.pop()
+        fields = stats.get(at)
+        if fields is None:
+            continue
+        total += sum(int(fields[i]) for i in (11, 12, 13, 14)) / _TICK
+        tree += [child for child, f in stats.items() if int(f[1]) == at]  # f[1]: the parent's pid
+    return total
+
+
+def pinned(cmd: list[str], cpus: str | None) -> list[str]:
+    """``cmd`` run on the CPUs ``cpus`` (``taskset -c`` list, e.g. ``"4-11"``) when given."""
+    return ["taskset", "-c", cpus, *cmd] if cpus else cmd
 
 
 def grpc_frame(message: bytes) -> bytes:
@@ -46,7 +66,7 @@ def grpc_frame(message: bytes) -> bytes:
 
 
 def wrk(url: str, body: bytes, headers: dict[str, str], pid: int, *, connections: int = 32, threads: int = 2,
-        seconds: float = 5.0, warmup: float = 1.0) -> dict:
+        seconds: float = 5.0, warmup: float = 1.0, cpus: str | None = None) -> dict:
     """POST ``body`` to ``url`` from ``connections`` keep-alive connections."""
     with tempfile.TemporaryDirectory() as tmp:
         body_file, script = Path(tmp) / "body", Path(tmp) / "post.lua"
@@ -56,8 +76,8 @@ def wrk(url: str, body: bytes, headers: dict[str, str], pid: int, *, connections
                "SP_HEADERS": "\n".join(f"{k}: {v}" for k, v in headers.items())}
 
         def run(duration: float) -> str:
-            cmd = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{max(1, round(duration))}s", "--latency",
-                   "-s", str(script), url]
+            cmd = pinned(["wrk", f"-t{threads}", f"-c{connections}", f"-d{max(1, round(duration))}s", "--latency",
+                          "-s", str(script), url], cpus)
             return subprocess.run(cmd, env=env, capture_output=True, text=True, check=True,
                                   timeout=duration + 60).stdout
 
@@ -84,7 +104,7 @@ def _wrk_ms(out: str, percentile: str) -> float:
 
 
 def h2load(url: str, message: bytes, headers: dict[str, str], pid: int, *, clients: int = 8, streams: int = 4,
-           seconds: float = 5.0, warmup: float = 1.0, threads: int = 2) -> dict:
+           seconds: float = 5.0, warmup: float = 1.0, threads: int = 2, cpus: str | None = None) -> dict:
     """Unary gRPC calls of ``message`` to ``url`` (``http://host:port/package.Service/Method``) from
     ``clients`` h2c connections with ``streams`` concurrent streams each."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -99,6 +119,7 @@ def h2load(url: str, message: bytes, headers: dict[str, str], pid: int, *, clien
                    "-d", str(body_file), *head, url]
             if log:
                 cmd[1:1] = ["--log-file", str(log_file)]
+            cmd = pinned(cmd, cpus)
             return subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=duration + 60).stdout
 
         if warmup > 0:

@@ -47,14 +47,16 @@ def check_same(what: str, got: dict, want: dict[str, np.ndarray], atol: float = 
 # --- ports and readiness -------------------------------------------------------------------------
 
 def tfs_grpc_request(feeds) -> bytes:
-    """A serialized TF Serving ``PredictRequest`` for ``feeds`` (``tensor_content``), model MODEL."""
-    import tensorflow as tf
-    from tensorflow_serving.apis import predict_pb2
+    """A serialized TF Serving ``PredictRequest`` for ``feeds`` (numbers in ``tensor_content``,
+    strings in ``string_val``, as ``tf.make_tensor_proto`` writes them), model MODEL; TF
+    Serving's messages without TensorFlow (``server.tfs_messages``)."""
+    from server.grpc.tensor_proto import from_numpy
+    from server.tfs_messages import messages
 
-    request = predict_pb2.PredictRequest()
+    request = messages().PredictRequest()
     request.model_spec.name = MODEL
     for key, array in feeds.items():
-        request.inputs[key].CopyFrom(tf.make_tensor_proto(array))
+        from_numpy(np.asarray(array), request.inputs[key], tensor_content=True)
     return request.SerializeToString()
 
 
