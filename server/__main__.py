@@ -20,6 +20,7 @@ import sys
 from processor.errors import ConfigError
 
 from .app import ServingApp, configure
+from .logs import JsonFormatter
 from .runtime import tune_gc
 
 log = logging.getLogger("server")
@@ -149,18 +150,13 @@ def main(argv: list[str] | None = None) -> int:
     return _run_and_exit(app.run)
 
 
-class _WorkerPid(logging.Filter):
-    """Adds ``worker`` (this process's pid) to every log record: JSON lines carry it."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.worker = os.getpid()
-        return True
-
-
 def _tag_log_lines() -> None:
-    """A worker's log lines (the access log's included) say which worker wrote them."""
+    """A worker's JSON log lines (the access log's included) say which worker wrote them. The
+    formatter adds the pid, not a filter: a filter on the handler would send the access log's
+    lines through ``logging`` one by one (server/access_log.py)."""
     for handler in logging.getLogger().handlers:
-        handler.addFilter(_WorkerPid())
+        if isinstance(handler.formatter, JsonFormatter):
+            handler.formatter.worker = os.getpid()
 
 
 def _supervise(deployment, data: dict, ports_file: str | None) -> int:

@@ -45,7 +45,10 @@ def new_request_id(given: str | None = None) -> str:
 
 
 class JsonFormatter(logging.Formatter):
-    """``{"ts", "level", "logger", "msg", "request_id", ...extra fields}`` on one line."""
+    """``{"ts", "level", "logger", "msg", "request_id", ...extra fields}`` on one line; with
+    ``worker`` set (a worker process's pid), every line ends with ``"worker"``."""
+
+    worker: int | None = None
 
     def format(self, record: logging.LogRecord) -> str:
         out = {
@@ -60,6 +63,8 @@ class JsonFormatter(logging.Formatter):
         for key, value in record.__dict__.items():
             if key not in _STD_ATTRS and key not in out and not key.startswith("_"):
                 out[key] = value
+        if self.worker is not None:
+            out["worker"] = self.worker
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return json.dumps(out, default=str)
@@ -71,6 +76,7 @@ class JsonFormatter(logging.Formatter):
         same order. The parts a model's lines share are encoded once per call (a drain writes
         thousands of lines a second under load, on the server's CPU)."""
         ts = json.dumps(_timestamp(created, int(created * 1000) % 1000))
+        end = "}\n" if self.worker is None else f', "worker": {self.worker}}}\n'
         shared: dict[tuple, tuple[str, str]] = {}
         context_id = None
         out = []
@@ -89,9 +95,9 @@ class JsonFormatter(logging.Formatter):
                 rid = context_id = request_id_var.get() if context_id is None else context_id
             ms = repr(round(seconds * 1000, 3))  # json.dumps writes a float as its repr
             if rid != "-":
-                out.append(f'{head}, "request_id": {_json_str(rid)}{tail}{ms}}}\n')
+                out.append(f'{head}, "request_id": {_json_str(rid)}{tail}{ms}{end}')
             else:  # no id: format() adds the key last, from the record's own field
-                out.append(f'{head}{tail}{ms}, "request_id": {_json_str(request_id)}}}\n')
+                out.append(f'{head}{tail}{ms}, "request_id": {_json_str(request_id)}{end}')
         return "".join(out)
 
 

@@ -46,13 +46,20 @@ def written(requests) -> None:
     log.close()
 
 
-def test_batched_lines_equal_the_logging_path(root_handler):
-    stream = root_handler(JsonFormatter())
+def json_formatter(worker: int | None) -> JsonFormatter:
+    formatter = JsonFormatter()
+    formatter.worker = worker
+    return formatter
+
+
+@pytest.mark.parametrize("worker", [None, 4242])  # a worker process's lines carry its pid
+def test_batched_lines_equal_the_logging_path(root_handler, worker):
+    stream = root_handler(json_formatter(worker))
     assert access_log._json_stream_sink() is not None
     written(REQUESTS)
     fast = [json.loads(line) for line in stream.getvalue().splitlines()]
 
-    stream = root_handler(JsonFormatter())
+    stream = root_handler(json_formatter(worker))
     let_through = logging.Filter()  # a filter on the way: lines go through logging one by one
     access_log.log.addFilter(let_through)
     try:
@@ -65,6 +72,7 @@ def test_batched_lines_equal_the_logging_path(root_handler):
     for a, b in zip(fast, slow):
         assert a.pop("ts")[-1] == "Z" and b.pop("ts")[-1] == "Z"
         assert list(a.items()) == list(b.items())
+        assert a.get("worker") == worker and (worker is None or list(a)[-1] == "worker")
 
 
 def test_other_configurations_go_through_logging(root_handler):
