@@ -1,35 +1,33 @@
-"""KServe v2 infer requests run from a form seen before (the binary tensor extension over HTTP,
-``raw_input_contents`` over gRPC).
+"""Inference requests of raw tensors run from a form seen before: KServe v2's binary tensors
+over HTTP and ``raw_input_contents`` over gRPC, TF Serving gRPC's ``tensor_content``.
 
 A client sends the same request form again and again: the same inputs (names, datatypes,
 shapes, raw sizes) and outputs, only the tensors' bytes change. The first request of a form is
-answered the ordinary way; if its tensors are all raw and numeric (not BOOL or BF16, whose
-contents the ordinary path checks per request) its form is kept: each input's alias, dtype,
+answered the ordinary way; if its tensors are all raw and numeric (not booleans, whose bytes
+the ordinary path checks per request, nor strings) its form is kept: each input's alias, dtype,
 shape and size, checked once against the served signature (``DataPlane.prepare``). A later
 request of that form cuts its inputs from its raw bytes and runs them on the version they were
 checked on (``DataPlane.run_prepared``), skipping the parse of the form and the checks; the
 transport writes the answer as it writes the ordinary one (tests compare the bytes).
 
 A form is found by a key the transport makes (the HTTP JSON header's bytes; the gRPC request's
-input and output descriptions), with the model and version path in it. Anything a form does not
-cover takes the ordinary path, which gives the errors: raw bytes of another size, a version
-swap (the form is dropped), a model that batches, traces or logs (never prepared). At most
-``MAX_FORMS`` forms are kept (then all are forgotten at once), each holding weak references to
-the version it was checked on. Thread-safe (dict operations under the GIL; two threads may
-prepare the same form, one wins).
+input and output descriptions), with the model and version it names in it. Anything a form
+does not cover takes the ordinary path, which gives the errors: raw bytes of another size, a
+version swap (the form is dropped), a model that batches, traces or logs (never prepared). At
+most ``MAX_FORMS`` forms are kept (then all are forgotten at once), each holding weak
+references to the version it was checked on. Thread-safe (dict operations under the GIL; two
+threads may prepare the same form, one wins).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 from typing import Any
 
 import numpy as np
 
-from . import open_inference as oip
-
 MAX_FORMS = 256
-_UNCHECKED = {"BOOL", "BF16", "BYTES"}  # contents checked per request by the ordinary path
 
 
 class InferForm:
@@ -74,28 +72,28 @@ class InferForms:
             return None
         return result
 
-    def learn(self, rt, key: Hashable, model: str, version: str | None, inputs: list[oip.InferInput],
-              wanted: list[str] | None, outputs: dict[str, np.ndarray], extra: Any = None) -> InferForm | None:
-        """Keep the form of a request the ordinary path just answered with ``outputs`` when its
-        tensors allow it (see the module doc); the form kept, or None. Never raises for the
-        request's sake: a form that cannot be prepared is not kept."""
-        if not all(t.raw is not None and t.datatype not in _UNCHECKED for t in inputs) or not all(
-                a.dtype.kind in "biufc" and oip.datatype_of(a) not in _UNCHECKED for a in outputs.values()):
+    def learn(self, rt, key: Hashable, call, raw_sizes: Sequence[int], outputs: dict[str, np.ndarray],
+              extra: Any = None) -> InferForm | None:
+        """Keep the form of a request the ordinary path just answered with ``outputs``:
+        ``call``, its PredictCall, whose inputs are the arrays read from its raw tensors (in
+        their order, ``raw_sizes`` bytes each), when the tensors allow it (see the module doc);
+        the form kept, or None. Never raises for the request's sake: a form that cannot be
+        prepared is not kept."""
+        if not all(a.dtype.kind in "iufc" for a in outputs.values()):
             return None
         try:
-            call = oip.prepare(rt, model, version, inputs, wanted)
+            prepared = rt.dataplane.prepare(call)
         except Exception:  # noqa: BLE001 - it was just answered; a form is an optimization
             return None
-        if call is None or len(call.inputs) != len(inputs):
+        if prepared is None or len(prepared.inputs) != len(raw_sizes):
             return None
         places = []
-        for tensor, (alias, dtype, shape) in zip(inputs, call.inputs):
-            little = oip.DATATYPES[tensor.datatype].newbyteorder("<")
-            if little.newbyteorder("=") != dtype or tuple(tensor.shape) != shape:
-                return None
-            places.append((alias, little, dtype, shape, len(tensor.raw)))
-        form = InferForm(call, tuple(places), tuple((a.dtype, a.dtype.newbyteorder("<")) for a in outputs.values()),
-                         extra)
+        for size, (alias, dtype, shape) in zip(raw_sizes, prepared.inputs):
+            if dtype.kind not in "iufc" or size != dtype.itemsize * math.prod(shape):
+                return None  # booleans: their bytes are checked per request
+            places.append((alias, dtype.newbyteorder("<"), dtype, shape, size))
+        form = InferForm(prepared, tuple(places),
+                         tuple((a.dtype, a.dtype.newbyteorder("<")) for a in outputs.values()), extra)
         if len(self._forms) >= MAX_FORMS:
             self._forms.clear()
         self._forms[key] = form

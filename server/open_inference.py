@@ -356,20 +356,15 @@ def infer(rt, name: str, version: str | None, inputs: list[InferInput], outputs:
           charge: Callable[[int], None] | None = None) -> tuple[str, dict[str, np.ndarray]]:
     """Run one inference: (served version number as a string, outputs by name in request order).
     ``max_elements``, ``charge``: :func:`to_array`'s, for JSON data."""
-    result = rt.dataplane.predict(_call(name, version, inputs, outputs, max_elements, charge, deadline))
+    result = rt.dataplane.predict(infer_call(name, version, inputs, outputs, max_elements, charge, deadline))
     return str(result.version_number), result.outputs
 
 
-def prepare(rt, name: str, version: str | None, inputs: list[InferInput], outputs: list[str] | None):
-    """The ``PreparedCall`` of an infer request :func:`infer` answered (``DataPlane.prepare``):
-    later requests of the same form run it with their own arrays; None where the model's calls
-    cannot be prepared."""
-    return rt.dataplane.prepare(_call(name, version, inputs, outputs))
-
-
-def _call(name: str, version: str | None, inputs: list[InferInput], outputs: list[str] | None,
-          max_elements: int | None = None, charge: Callable[[int], None] | None = None,
-          deadline: float | None = None) -> PredictCall:
+def infer_call(name: str, version: str | None, inputs: list[InferInput], outputs: list[str] | None,
+               max_elements: int | None = None, charge: Callable[[int], None] | None = None,
+               deadline: float | None = None) -> PredictCall:
+    """The PredictCall of an infer request: its inputs as arrays (:func:`to_array`), in order;
+    InvalidArgument for a tensor that does not fit, an input or output named twice."""
     wanted = _wanted(version)
     arrays: dict[str, np.ndarray] = {}
     for tensor in inputs:

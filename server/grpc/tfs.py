@@ -28,11 +28,13 @@ from typing import Any
 
 import grpc
 
+from processor.dtypes import DT_STRING
 from processor.errors import InvalidArgument
 from processor.request import PredictCall
 
 from .. import tfs_inference, tfserving
 from ..deadline import from_grpc
+from ..infer_forms import InferForms
 from ..runtime import ServingRuntime
 from ..tfs_messages import Messages, messages
 from . import tensor_proto
@@ -52,6 +54,21 @@ def _model(request, context) -> str:
     return request.model_spec.name
 
 
+def _form_key(request, name: str, version: int | None, label: str | None) -> tuple | None:
+    """A Predict request's form (:mod:`server.infer_forms`): the model, version, label and
+    signature it names, its inputs' names, dtypes and shapes, the outputs it asks for; None
+    unless every input's values are raw (``tensor_content``, as ``tf.make_tensor_proto`` writes
+    numbers)."""
+    inputs = []
+    for key, proto in request.inputs.items():
+        if not proto.tensor_content or proto.dtype == DT_STRING or proto.tensor_shape.unknown_rank:
+            return None
+        inputs.append((key, proto.dtype, tuple([d.size for d in proto.tensor_shape.dim])))
+    if not inputs:
+        return None
+    return name, version, label, request.model_spec.signature_name, tuple(inputs), tuple(request.output_filter)
+
+
 def _first_task_model(request, context) -> str:
     return request.tasks[0].model_spec.name if request.tasks else ""
 
@@ -62,18 +79,34 @@ class TfsService:
     def __init__(self, rt: ServingRuntime, types: Messages) -> None:
         self.rt = rt
         self.m = types
+        self._forms = InferForms()  # Predict requests of raw tensors in a form seen before
 
     async def predict(self, request, context: grpc.aio.ServicerContext):
         return await self.rt.serve(request.model_spec.name, request_bytes.get(), self._predict, request,
                                    from_grpc(context))
 
     def _predict(self, request, deadline: float | None):
+        rt, forms = self.rt, self._forms
         name, version, label = _spec(request.model_spec)
-        limit = self.rt.deployment.max_request_bytes
-        arrays = {key: tensor_proto.to_numpy(key, proto, limit) for key, proto in request.inputs.items()}
-        result = self.rt.dataplane.predict(PredictCall(
-            name, arrays, version=version, label=label, signature_name=request.model_spec.signature_name,
-            output_filter=list(request.output_filter), deadline=deadline, check_shapes=False))
+        key = _form_key(request, name, version, label)
+        if key is not None:
+            form = forms.get(key)
+            if form is not None:
+                result = forms.run(rt, key, form, [proto.tensor_content for proto in request.inputs.values()],
+                                   deadline)
+                if result is not None:
+                    return self._response(name, result)
+        limit = rt.deployment.max_request_bytes
+        arrays = {key_: tensor_proto.to_numpy(key_, proto, limit) for key_, proto in request.inputs.items()}
+        call = PredictCall(name, arrays, version=version, label=label, signature_name=request.model_spec.signature_name,
+                           output_filter=list(request.output_filter), deadline=deadline, check_shapes=False)
+        result = rt.dataplane.predict(call)
+        if key is not None:
+            forms.learn(rt, key, call._replace(deadline=None),
+                        [len(proto.tensor_content) for proto in request.inputs.values()], result.outputs)
+        return self._response(name, result)
+
+    def _response(self, name: str, result):
         content = self.rt.model(name).config.enable_serialization_as_tensor_content
         response = self.m.PredictResponse()
         response.model_spec.name = name

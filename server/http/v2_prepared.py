@@ -89,9 +89,10 @@ class PreparedInfers:
               number: str, outputs: dict[str, np.ndarray]) -> None:
         """Keep the form of a request the ordinary path just answered with ``outputs``, if it is
         a plain one (see the module doc). Never raises for the request's sake."""
-        if _plain(doc) and all(binary_out.get(name, binary_out.get("*", False)) for name in outputs):
-            self._forms.learn(rt, (model, version, header), model, version, inputs,
-                              [name for name, _ in wanted] if wanted else None, outputs,
+        if (_plain(doc) and all(t.raw is not None for t in inputs)
+                and all(binary_out.get(name, binary_out.get("*", False)) for name in outputs)):
+            call = oip.infer_call(model, version, inputs, [name for name, _ in wanted] if wanted else None)
+            self._forms.learn(rt, (model, version, header), call, [len(t.raw) for t in inputs], outputs,
                               _Template(model, number, outputs))
 
 

@@ -1,5 +1,6 @@
-"""KServe v2 requests run from a form seen before (server/infer_forms.py; over HTTP
-server/http/v2_prepared.py, over gRPC ModelInfer's raw contents).
+"""Requests of raw tensors run from a form seen before (server/infer_forms.py): KServe v2 over
+HTTP (server/http/v2_prepared.py) and gRPC (ModelInfer's raw contents), TF Serving gRPC's
+``tensor_content``.
 
 A real ServingApp (uvicorn + our protocol and grpc, in a thread) serves the DLRM-like ``.onnx``
 model. The second request of a plain binary form (over HTTP the same JSON header) is answered
@@ -176,42 +177,80 @@ def test_a_kept_forms_request_that_does_not_fit_gets_the_ordinary_answer(server,
     assert status == 504 and "deadline" in json.loads(out)["error"]
 
 
-def infer_request(feeds: dict[str, np.ndarray], **extra):
-    from processor.proto import grpc_predict_v2_pb2 as pb
+def through_a_form(server, method: str, request_type, response_type, make) -> tuple:
+    """Over gRPC ``method``, ``make(feeds, kind)`` requests: one of a form (the ordinary path;
+    the form is kept), another of that form (from the form), the same tensors in a form that
+    is not kept (``"other"``: the ordinary path), and one of the form whose raw bytes are short
+    (``"short"``). (the second request's feeds, its answer, the ordinary answer, the short one's
+    status code)."""
+    import grpc
 
-    datatypes = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64"}
-    request = pb.ModelInferRequest(model_name=MODEL, id="grpc-1", **extra)
-    for name, value in feeds.items():
-        request.inputs.add(name=name, datatype=datatypes[value.dtype], shape=value.shape)
-        request.raw_input_contents.append(np.ascontiguousarray(value).tobytes())
-    return request
+    from demo import dlrm_onnx
+
+    first, second = dlrm_onnx.inputs(2, seed=31), dlrm_onnx.inputs(2, seed=32)
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}")
+    call = channel.unary_unary(method, request_serializer=request_type.SerializeToString,
+                               response_deserializer=response_type.FromString)
+    try:
+        call(make(first, "form"), timeout=30)
+        from_form = call(make(second, "form"), timeout=30)
+        ordinary = call(make(second, "other"), timeout=30)
+        with pytest.raises(grpc.RpcError) as refused:
+            call(make(second, "short"), timeout=30)
+    finally:
+        channel.close()
+    return second, from_form, ordinary, refused.value.code()
 
 
 def test_grpc_model_infer_of_a_kept_form_answers_as_the_ordinary_path(server, model_dir, answered):
     import grpc
 
-    from demo import dlrm_onnx
     from processor.proto import grpc_predict_v2_pb2 as pb
 
-    first, second = dlrm_onnx.inputs(2, seed=31), dlrm_onnx.inputs(2, seed=32)
-    channel = grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}")
-    infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
-                                request_serializer=pb.ModelInferRequest.SerializeToString,
-                                response_deserializer=pb.ModelInferResponse.FromString)
-    try:
-        infer(infer_request(first), timeout=30)  # the ordinary path; the form is kept
-        from_form = infer(infer_request(second), timeout=30)
+    datatypes = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64"}
+
+    def make(feeds, kind: str):
         # a parameter makes the form not plain: the ordinary path, the same answer
-        ordinary = infer(infer_request(second, parameters={"note": pb.InferParameter(int64_param=1)}), timeout=30)
-        short = infer_request(second)
-        short.raw_input_contents[1] = short.raw_input_contents[1][:-8]
-        with pytest.raises(grpc.RpcError) as refused:
-            infer(short, timeout=30)
-    finally:
-        channel.close()
+        extra = {"parameters": {"note": pb.InferParameter(int64_param=1)}} if kind == "other" else {}
+        request = pb.ModelInferRequest(model_name=MODEL, id="grpc-1", **extra)
+        for name, value in feeds.items():
+            request.inputs.add(name=name, datatype=datatypes[value.dtype], shape=value.shape)
+            request.raw_input_contents.append(np.ascontiguousarray(value).tobytes())
+        if kind == "short":
+            request.raw_input_contents[1] = request.raw_input_contents[1][:-8]
+        return request
+
+    feeds, from_form, ordinary, refused = through_a_form(
+        server, "/inference.GRPCInferenceService/ModelInfer", pb.ModelInferRequest, pb.ModelInferResponse, make)
     assert answered == [True, False]  # the second from the form; the short one: no form fits it
     assert from_form.SerializeToString() == ordinary.SerializeToString()
     assert from_form.id == "grpc-1" and list(from_form.outputs[0].shape) == [2, 1]
     np.testing.assert_allclose(np.frombuffer(from_form.raw_output_contents[0], "<f4").reshape(2, 1),
-                               reference(model_dir, second), rtol=1e-5, atol=1e-6)
-    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                               reference(model_dir, feeds), rtol=1e-5, atol=1e-6)
+    assert refused == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_tf_serving_predict_of_a_kept_form_answers_as_the_ordinary_path(server, model_dir, answered):
+    import grpc
+
+    from server.grpc.tensor_proto import from_numpy, to_numpy
+    from server.tfs_messages import messages
+
+    types = messages()
+
+    def make(feeds, kind: str):
+        request = types.PredictRequest()
+        request.model_spec.name = MODEL
+        for name, value in feeds.items():  # "other": typed values, not tensor_content: no form
+            from_numpy(value, request.inputs[name], tensor_content=not (kind == "other" and name == "sparse"))
+        if kind == "short":
+            request.inputs["dense"].tensor_content = request.inputs["dense"].tensor_content[:-4]
+        return request
+
+    feeds, from_form, ordinary, refused = through_a_form(
+        server, "/tensorflow.serving.PredictionService/Predict", types.PredictRequest, types.PredictResponse, make)
+    assert answered == [True, False]
+    assert from_form.SerializeToString() == ordinary.SerializeToString()
+    np.testing.assert_allclose(to_numpy("prob", from_form.outputs["prob"]), reference(model_dir, feeds),
+                               rtol=1e-5, atol=1e-6)
+    assert refused == grpc.StatusCode.INVALID_ARGUMENT
