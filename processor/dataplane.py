@@ -140,7 +140,7 @@ class DataPlane:
         calls take another path (batching, tracing, prediction logging) or an input is not a
         numeric array. Raises ProcessorError as :meth:`predict` does."""
         model, inputs = call.model, call.inputs
-        if not isinstance(inputs, dict) or model in self._batching or model in self._tracers or model in self._loggers:
+        if not isinstance(inputs, dict) or not self.prepares(model):
             return None
         manager = self._managers.get(model)
         if manager is None:
@@ -158,6 +158,11 @@ class DataPlane:
         return PreparedCall(model, weakref.ref(group), weakref.ref(served),
                             tuple((alias, a.dtype, a.shape) for alias, a in feeds.items()),
                             decoded.fetches, tuple(alias for _, alias in decoded.fetches))
+
+    def prepares(self, model: str) -> bool:
+        """Whether :meth:`prepare` may prepare ``model``'s calls: none of them takes another
+        path (batching, tracing, prediction logging)."""
+        return model not in self._batching and model not in self._tracers and model not in self._loggers
 
     def run_prepared(self, prepared: PreparedCall, feeds: dict[str, np.ndarray],
                      deadline: float | None = None) -> PredictResult | None:

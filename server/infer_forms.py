@@ -22,7 +22,7 @@ threads may prepare the same form, one wins).
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import numpy as np
@@ -72,17 +72,17 @@ class InferForms:
             return None
         return result
 
-    def learn(self, rt, key: Hashable, call, raw_sizes: Sequence[int], outputs: dict[str, np.ndarray],
-              extra: Any = None) -> InferForm | None:
-        """Keep the form of a request the ordinary path just answered with ``outputs``:
-        ``call``, its PredictCall, whose inputs are the arrays read from its raw tensors (in
-        their order, ``raw_sizes`` bytes each), when the tensors allow it (see the module doc);
-        the form kept, or None. Never raises for the request's sake: a form that cannot be
-        prepared is not kept."""
-        if not all(a.dtype.kind in "iufc" for a in outputs.values()):
-            return None
+    def learn(self, rt, key: Hashable, model: str, make_call: Callable[[], Any], raw_sizes: Sequence[int],
+              outputs: dict[str, np.ndarray], extra: Any = None) -> InferForm | None:
+        """Keep the form of a request to ``model`` the ordinary path just answered with
+        ``outputs``, when its tensors allow it (see the module doc): ``make_call()``, its
+        PredictCall, whose inputs are the arrays read from its raw tensors (in their order,
+        ``raw_sizes`` bytes each), made only then. The form kept, or None. Never raises for the
+        request's sake: a form that cannot be prepared is not kept."""
+        if not rt.dataplane.prepares(model) or not all(a.dtype.kind in "iufc" for a in outputs.values()):
+            return None  # (checked first: a model never prepared costs its requests nothing more)
         try:
-            prepared = rt.dataplane.prepare(call)
+            prepared = rt.dataplane.prepare(make_call())
         except Exception:  # noqa: BLE001 - it was just answered; a form is an optimization
             return None
         if prepared is None or len(prepared.inputs) != len(raw_sizes):

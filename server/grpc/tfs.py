@@ -102,7 +102,7 @@ class TfsService:
                            output_filter=list(request.output_filter), deadline=deadline, check_shapes=False)
         result = rt.dataplane.predict(call)
         if key is not None:
-            forms.learn(rt, key, call._replace(deadline=None),
+            forms.learn(rt, key, name, lambda: call._replace(deadline=None),
                         [len(proto.tensor_content) for proto in request.inputs.values()], result.outputs)
         return self._response(name, result)
 

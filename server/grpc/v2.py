@@ -76,10 +76,11 @@ class V2Service:
             result = forms.run(rt, key, form, request.raw_input_contents, deadline)
             if result is not None:
                 return _response(request, str(result.version_number), result.outputs)
-        inputs, wanted, version = _inputs(request), [o.name for o in request.outputs] or None, request.model_version or None
-        number, outputs = oip.infer(rt, request.model_name, version, inputs, wanted, deadline)
+        model, version = request.model_name, request.model_version or None
+        inputs, wanted = _inputs(request), [o.name for o in request.outputs] or None
+        number, outputs = oip.infer(rt, model, version, inputs, wanted, deadline)
         if key is not None:
-            forms.learn(rt, key, oip.infer_call(request.model_name, version, inputs, wanted),
+            forms.learn(rt, key, model, lambda: oip.infer_call(model, version, inputs, wanted),
                         [len(t.raw) for t in inputs], outputs)
         return _response(request, number, outputs)
 

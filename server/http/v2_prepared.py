@@ -91,9 +91,10 @@ class PreparedInfers:
         a plain one (see the module doc). Never raises for the request's sake."""
         if (_plain(doc) and all(t.raw is not None for t in inputs)
                 and all(binary_out.get(name, binary_out.get("*", False)) for name in outputs)):
-            call = oip.infer_call(model, version, inputs, [name for name, _ in wanted] if wanted else None)
-            self._forms.learn(rt, (model, version, header), call, [len(t.raw) for t in inputs], outputs,
-                              _Template(model, number, outputs))
+            names = [name for name, _ in wanted] if wanted else None
+            self._forms.learn(rt, (model, version, header), model,
+                              lambda: oip.infer_call(model, version, inputs, names), [len(t.raw) for t in inputs],
+                              outputs, _Template(model, number, outputs))
 
 
 def _plain(doc: dict[str, Any]) -> bool:
