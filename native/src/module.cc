@@ -28,33 +28,20 @@
 #include <optional>
 
 #include "fingerprint.h"
+#include "gil.h"
 #include "module_engine.h"
+#include "module_json.h"
 #include "module_store.h"
 #include "predict_log.h"
 #include "request.h"
 #include "response.h"
 
 namespace nb = nanobind;
+using sp::py::kReleaseBytes;
+using sp::py::MaybeRelease;
 using sp::py::PyPlan;
 
 namespace {
-
-// Below this many bytes of work, keeping the GIL is cheaper than handing it over.
-constexpr size_t kReleaseBytes = 16384;
-
-// Releases the GIL for the scope when `release` is true.
-class MaybeRelease {
- public:
-  explicit MaybeRelease(bool release) : state_(release ? PyEval_SaveThread() : nullptr) {}
-  ~MaybeRelease() {
-    if (state_) PyEval_RestoreThread(state_);
-  }
-  MaybeRelease(const MaybeRelease&) = delete;
-  MaybeRelease& operator=(const MaybeRelease&) = delete;
-
- private:
-  PyThreadState* state_;
-};
 
 std::string key_of(nb::handle h) { return nb::cast<std::string>(h); }
 
@@ -320,6 +307,7 @@ NB_MODULE(_native, m) {
            "[(alias, tensor name)]");
   sp::py::bind_engine(m);
   sp::py::bind_store(m);
+  sp::py::bind_json(m);
   m.def("decode", &decode, nb::arg("plan"), nb::arg("data"));
   m.def("encode", &encode, nb::arg("keys"), nb::arg("arrays"));
   m.def("fingerprint64", &fingerprint64, nb::arg("values"), nb::arg("num_buckets") = 0);

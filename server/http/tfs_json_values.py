@@ -20,6 +20,7 @@ from processor.dtypes import DT_BOOL, DT_STRING, WIRE_TYPES, dtype_name
 from processor.errors import InvalidArgument
 from processor.signature import TensorSpec
 
+from .. import native_json
 from .json_stream import clip
 
 MAX_DEPTH = 64  # arrays and objects inside each other: a rank-60 tensor in the columnar format
@@ -34,6 +35,9 @@ def to_array(value: Any, spec: TensorSpec, name: str) -> np.ndarray:
     if spec.dtype == DT_STRING:
         return string_array(value, name)
     wire = wire_type(spec, name)
+    fast = native_json.array(value, wire.numpy)  # what follows, in one pass (None: not taken)
+    if fast is not None:
+        return fast
     array = natural(value, name)
     check_kind(array, spec, wire, name, final=True)
     return array.astype(wire.numpy, copy=False)

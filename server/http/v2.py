@@ -35,6 +35,7 @@ from fastapi.responses import JSONResponse, Response
 
 from processor.errors import InvalidArgument, PayloadTooLarge
 
+from .. import native_json
 from .. import open_inference as oip
 from ..deadline import from_http_headers
 from ..runtime import ServingRuntime
@@ -222,17 +223,28 @@ def _infer(rt: ServingRuntime, model: str, version: str | None, body: bytes | by
             raw = oip.raw_bytes(array)
             tensor["parameters"] = {"binary_data_size": len(raw)}
             blobs.append(raw)
+            out_json.append(_dumps(tensor))
         else:
-            tensor["data"] = oip.json_data(name, array)
-        out_json.append(tensor)
-    response: dict[str, Any] = {"model_name": model, "model_version": number, "outputs": out_json}
-    if isinstance(doc.get("id"), str):
-        response["id"] = doc["id"]
-    header = json.dumps(response, allow_nan=False).encode()
+            data = native_json.numbers(array.reshape(-1))  # json_data's list, written natively
+            if data is None:
+                tensor["data"] = oip.json_data(name, array)
+                out_json.append(json.dumps(tensor, allow_nan=False).encode())
+            else:  # json.dumps(tensor) with its last member written already
+                out_json.append(_dumps(tensor)[:-1] + b', "data": ' + data + b"}")
+    request_id = doc.get("id")
+    header = b'{"model_name": %s, "model_version": %s, "outputs": [%s]%s}' % (
+        _dumps(model), _dumps(number), b", ".join(out_json),
+        b', "id": ' + _dumps(request_id) if isinstance(request_id, str) else b"")
     if not blobs:
         return Reply(200, header)
     return Reply(200, header + b"".join(blobs), "application/octet-stream",
                  ((HEADER_LENGTH.encode(), str(len(header)).encode()),))
+
+
+def _dumps(value: Any) -> bytes:
+    """``json.dumps(value)`` (no float in it): a piece of an infer response, which is the json
+    module's text of ``{"model_name", "model_version", "outputs": [tensors], "id"?}``."""
+    return json.dumps(value).encode()
 
 
 def _split_body(body: bytes | bytearray, header_length: str | None) -> tuple[dict, memoryview]:
