@@ -3,6 +3,7 @@
 //   OrtEngine(library, model_path, parameters, ...)   ONNX Runtime sessions over the caller's
 //                                                     parameter arrays (ort_engine.h)
 //   OrtEngine.serve(plan, lane, data)                 a whole request without the GIL, or None
+//   OrtEngine.run_arrays(lane, inputs, fetch)         numpy arrays in and out without the GIL, or None
 //   RowBudget(capacity)                               one model's queue capacity in rows (batcher.h)
 //   Batcher(plan, engine | runner, budget, ...)       one version's batching queue (batcher.h)
 //   Batcher.submit(data, deadline, notify_fd=-1) -> BatchTicket  queue a request; ticket.wait() its answer
@@ -19,6 +20,7 @@
 #define NO_IMPORT_ARRAY  // module.cc imports numpy's C API for the whole module
 #include <numpy/arrayobject.h>
 
+#include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <utility>
@@ -127,6 +129,89 @@ nb::object engine_serve(const PyEngine& self, const PyPlan& pp, int lane, nb::ha
   }
   if (result != sp::ort::Engine::Result::kOk) return nb::none();
   return as_bytes(out);
+}
+
+int numpy_type(sp::Elem elem) {
+  switch (elem) {
+    case sp::Elem::F32: return NPY_FLOAT32;
+    case sp::Elem::F64: return NPY_FLOAT64;
+    case sp::Elem::HALF: return NPY_FLOAT16;  // the engine's float16 values, as they are
+    case sp::Elem::I8: return NPY_INT8;
+    case sp::Elem::U8: return NPY_UINT8;
+    case sp::Elem::I16: return NPY_INT16;
+    case sp::Elem::U16: return NPY_UINT16;
+    case sp::Elem::I32: return NPY_INT32;
+    case sp::Elem::I64: return NPY_INT64;
+    case sp::Elem::BOOL: return NPY_BOOL;
+    default: return -1;  // strings: the binding session returns them
+  }
+}
+
+// ONNX Runtime outputs, released when the scope ends.
+struct Outputs {
+  const sp::ort::Engine& engine;
+  std::vector<sp::ort::Value*> values;
+  ~Outputs() {
+    for (sp::ort::Value* v : values) engine.release(v);
+  }
+};
+
+// Arrays in, arrays out: `inputs` [(input index, array)] run on `lane` for the outputs `fetch`
+// (indices), without the GIL over the arrays' own memory; the outputs copied into new arrays.
+// None where the binding session must run the call: an array this path does not feed (not
+// C-contiguous, byte-swapped, strings), an engine error (the binding reports it), an output of
+// a type this path does not return.
+nb::object engine_run_arrays(const PyEngine& self, int lane, nb::list inputs, const std::vector<int>& fetch) {
+  const sp::ort::Engine& engine = *self.engine;
+  size_t n = inputs.size();
+  std::vector<const char*> names(n);
+  std::vector<void*> data(n);
+  std::vector<size_t> bytes(n);
+  std::vector<std::vector<int64_t>> shapes(n);
+  std::vector<int> types(n);
+  for (size_t i = 0; i < n; ++i) {
+    nb::tuple item = nb::cast<nb::tuple>(inputs[i]);  // (input index, array)
+    int index = nb::cast<int>(item[0]);
+    if (index < 0 || index >= engine.inputs() || !PyArray_Check(item[1].ptr())) return nb::none();
+    auto* a = reinterpret_cast<PyArrayObject*>(item[1].ptr());
+    types[i] = ort_type(a);
+    if (!types[i] || !PyArray_ISCARRAY_RO(a) || !PyArray_ISNOTSWAPPED(a)) return nb::none();
+    names[i] = engine.input_name(index).c_str();
+    data[i] = PyArray_DATA(a);
+    bytes[i] = size_t(PyArray_NBYTES(a));
+    shapes[i].assign(PyArray_DIMS(a), PyArray_DIMS(a) + PyArray_NDIM(a));
+  }
+  for (int k : fetch)
+    if (k < 0 || k >= engine.outputs()) return nb::none();
+  Outputs outs{engine, {}};
+  sp::ort::Engine::Result result = sp::ort::Engine::Result::kNotTaken;
+  {
+    nb::gil_scoped_release nogil;  // the arrays stay alive: `inputs` holds them
+    std::vector<sp::ort::Value*> values(n, nullptr);
+    bool ok = true;
+    for (size_t i = 0; i < n && ok; ++i) {
+      values[i] = engine.tensor(data[i], bytes[i], shapes[i], types[i]);
+      ok = values[i] != nullptr;
+    }
+    std::string error;
+    if (ok) result = engine.run(lane, names.data(), values.data(), n, fetch, outs.values, error);
+    for (sp::ort::Value* v : values) engine.release(v);
+  }
+  if (result != sp::ort::Engine::Result::kOk) return nb::none();
+  nb::list arrays;
+  for (sp::ort::Value* v : outs.values) {
+    sp::Output o;
+    int type = engine.describe(v, o) ? numpy_type(o.elem) : -1;
+    if (type < 0) return nb::none();
+    std::vector<npy_intp> dims(o.shape.begin(), o.shape.end());
+    PyObject* a = PyArray_SimpleNew(int(dims.size()), dims.data(), type);
+    if (!a) throw nb::python_error();
+    nb::object array = nb::steal(a);
+    auto* dst = reinterpret_cast<PyArrayObject*>(a);
+    std::memcpy(PyArray_DATA(dst), o.data, size_t(PyArray_NBYTES(dst)));
+    arrays.append(array);
+  }
+  return arrays;
 }
 
 // A Batcher and the Python objects it uses (the plan; the engine or the runner callable; the budget).
@@ -264,7 +349,10 @@ void bind_engine(nb::module_& m) {
            "naming what failed")
       .def("serve", &engine_serve, nb::arg("plan"), nb::arg("lane"), nb::arg("data"),
            "PredictRequest bytes -> PredictResponse bytes on `lane`, without the GIL; None when "
-           "the request is for the reference path (invalid, rare forms, an engine error)");
+           "the request is for the reference path (invalid, rare forms, an engine error)")
+      .def("run_arrays", &engine_run_arrays, nb::arg("lane"), nb::arg("inputs"), nb::arg("fetch"),
+           "[(input index, array)] -> [output arrays] of the outputs `fetch` (indices) on `lane`, "
+           "without the GIL; None when the binding session must run the call");
   nb::class_<sp::RowBudget>(m, "RowBudget")
       .def(nb::init<int64_t>(), nb::arg("capacity"),
            "One model's batching queue capacity in rows, shared by all its queues (lock-free)")

@@ -68,6 +68,8 @@ class Engine {
                std::string& error) const;
 
   int lanes() const { return int(lane_session_.size()); }
+  int inputs() const { return int(input_names_.size()); }
+  int outputs() const { return int(output_names_.size()); }
 
   // The pieces of serve(), for the batcher (batcher.h). A tensor over caller memory (nullptr
   // on failure; release() it); a run of the outputs `fetch` (indices into output_names) on a

@@ -2,7 +2,8 @@
 
 Every answer the engine gives must be the one the Python-binding sessions give through the
 reference codec, byte for byte; every request it does not take must still get the reference
-answer or error; in-place parameter updates must reach its sessions.
+answer or error; in-place parameter updates must reach its sessions. Arrays (the front-ends
+other than our wire format) run on it too, with the binding's outputs and errors.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def _reference(processor, data: bytes) -> tuple[int, bytes]:
     with processor.manager.acquire() as group:
         try:
             feeds, keys, aliases = group.codec.decode(data)
-            arrays = group.backend.run(0, feeds, aliases)
+            arrays = group.backend.run_binding(0, feeds, aliases)
         except Exception as exc:  # noqa: BLE001 - the error is what is compared
             return exc.code.value, str(exc).encode()
         return 200, codec.encode_response(dict(zip(keys, arrays)))
@@ -89,6 +90,37 @@ def test_engine_errors_are_the_binding_errors(tmp_path, make_processor):
     bad = codec.encode_request({"ids": np.array([7], np.int64)})
     status, body = p.process(bad)
     assert status != 200 and (status, body) == _reference(p, bad), body
+
+
+def test_arrays_run_on_the_engine_as_on_the_binding(dlrm_dir, make_processor):
+    from processor.errors import ProcessorError
+
+    p = make_processor(_config(dlrm_dir))
+    with p.manager.acquire() as group:
+        backend, engine = group.backend, group.backend.native_engine
+        for batch in (0, 1, 5, 300):
+            feeds = dlrm_onnx.inputs(batch, seed=batch)
+            for lane in range(group.lanes):
+                want = backend.run_binding(lane, feeds, ("prob",))
+                got = engine.run_arrays(lane, [(0, feeds["dense"]), (1, feeds["sparse"])], [0])
+                assert [(a.dtype, a.shape, a.tobytes()) for a in got] == [(w.dtype, w.shape, w.tobytes()) for w in want]
+                assert [a.tobytes() for a in backend.run(lane, feeds, ("prob",))] == [w.tobytes() for w in want]
+        feeds = dlrm_onnx.inputs(4)
+        refused = [[(0, feeds["dense"][:, ::2]), (1, feeds["sparse"])],  # not contiguous
+                   [(0, feeds["dense"].astype(">f4")), (1, feeds["sparse"])],  # byte-swapped
+                   [(0, feeds["dense"]), (1, feeds["sparse"].astype(object))],  # not fed by the engine
+                   [(0, feeds["dense"]), (1, feeds["sparse"].astype(np.int32))],  # refused by ONNX Runtime
+                   [(0, np.zeros((4, 3), np.float32)), (1, feeds["sparse"])],  # a shape it refuses
+                   [(5, feeds["dense"])]]  # no such input
+        for inputs in refused:
+            assert engine.run_arrays(0, inputs, [0]) is None
+        assert engine.run_arrays(0, [(0, feeds["dense"]), (1, feeds["sparse"])], [3]) is None
+        bad = {**feeds, "dense": np.zeros((4, 3), np.float32)}
+        with pytest.raises(ProcessorError) as on_engine:
+            backend.run(0, bad, ("prob",))
+        with pytest.raises(ProcessorError) as on_binding:
+            backend.run_binding(0, bad, ("prob",))
+        assert str(on_engine.value) == str(on_binding.value)
 
 
 def test_parameter_updates_reach_the_engine(dlrm_dir, make_processor):

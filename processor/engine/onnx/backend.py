@@ -31,8 +31,9 @@ a request runs both, through the Python binding.
 
 Native engine (:mod:`.native_engine`): on CPU lanes of an unsplit graph, a second set of
 sessions over the same host parameter arrays, created through ONNX Runtime's C API, serves whole wire requests without the GIL
-(:meth:`wire_server`); the binding sessions above serve everything else (feeds from JSON
-front-ends, requests the engine does not take, warm-up, traces).
+(:meth:`wire_server`) and, where no input needs converting and every output is numeric, the
+arrays of every other front-end (:meth:`run`: TF Serving, KServe v2); the binding sessions above
+serve everything else (what the engine does not take or refuses, warm-up, traces).
 
 Parameter updates (hot update): :meth:`update_parameter` writes new values, whole or by rows,
 into the shared buffers in place (every copy: the host's and each GPU's); every session sees
@@ -180,6 +181,12 @@ class OnnxRuntimeBackend:
              for device, cpus in map(self._session_target, range(plan.sessions))],
             [d.session for d in plan.lanes], self._global_pools, why_not)
         self._native_gpu_copies = self._engine is not None and plan.on_gpu
+        # arrays run on the engine too (run_arrays) where no feed needs converting and every
+        # output is numeric: else the binding session runs them
+        numeric = all(s.dtype != 7 for s in self.signature.outputs.values())
+        self._array_engine = self._engine if self._engine is not None and numeric and not self._converted else None
+        self._input_index = {alias: i for i, alias in enumerate(self.signature.inputs)}
+        self._output_index = {alias: i for i, alias in enumerate(self.signature.outputs)}
 
     def _session_target(self, index: int) -> tuple[device_plan.LaneDevice, tuple[int, ...] | None]:
         """(device, cpus) of session ``index``: those of its first lane."""
@@ -299,6 +306,20 @@ class OnnxRuntimeBackend:
         return names
 
     def run(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]) -> list[np.ndarray]:
+        """The outputs ``fetches`` (aliases) for ``feeds`` (checked against the signature) on
+        ``lane``: on the native engine without the GIL where it takes the arrays, else (and for
+        anything it refuses, so errors are the binding's) on the lane's binding session."""
+        engine = self._array_engine
+        if engine is not None:
+            index, out = self._input_index, self._output_index
+            outputs = engine.run_arrays(lane, [(index[alias], value) for alias, value in feeds.items()],
+                                        [out[alias] for alias in fetches])
+            if outputs is not None:
+                return outputs
+        return self.run_binding(lane, feeds, fetches)
+
+    def run_binding(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]) -> list[np.ndarray]:
+        """:meth:`run` on the lane's Python-binding session alone (the reference of the engine)."""
         ort_feeds = self._feeds(feeds)
         try:
             return self._lane_run[lane](self._output_list(fetches), ort_feeds, None)
