@@ -141,13 +141,22 @@ def model_ready(rt, name: str, version: str | None = None, unserved_version: boo
 def element_count(name: str, shape: Any) -> int:
     """The elements of input ``name``'s ``shape``: non-negative int64 dimensions, rank at most
     MAX_RANK, a size numpy can index (zero-size shapes included); InvalidArgument otherwise."""
-    if (len(shape) > MAX_RANK or
-            any(not isinstance(d, int) or isinstance(d, bool) or not 0 <= d <= MAX_VERSION for d in shape)):
-        raise InvalidArgument(f"input {echo(name)}: shape must list at most {MAX_RANK} non-negative "
-                              f"64-bit integers, got {echo(list(shape))}")
-    if math.prod(d for d in shape if d) > MAX_VERSION // 16:  # numpy's bound, zero-size or not
+    if len(shape) > MAX_RANK:  # first: no product of a million dimensions
+        raise _bad_shape(name, shape)
+    count = nonzero = 1
+    for d in shape:  # a loop, not generators: this runs for every input of every request
+        if not isinstance(d, int) or isinstance(d, bool) or not 0 <= d <= MAX_VERSION:
+            raise _bad_shape(name, shape)
+        count *= d
+        nonzero *= d or 1
+    if nonzero > MAX_VERSION // 16:  # numpy's bound, zero-size or not
         raise InvalidArgument(f"input {echo(name)}: shape {echo(list(shape))} is too large for a tensor")
-    return math.prod(shape)
+    return count
+
+
+def _bad_shape(name: str, shape: Any) -> InvalidArgument:
+    return InvalidArgument(f"input {echo(name)}: shape must list at most {MAX_RANK} non-negative "
+                           f"64-bit integers, got {echo(list(shape))}")
 
 
 def to_array(tensor: InferInput, max_elements: int | None = None,
