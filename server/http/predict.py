@@ -52,9 +52,10 @@ class Reply:
 class Later:
     """A lean request's answer that is awaited on the connection's loop rather than given at
     once (a batching model's request waits for its batch, another model's runs on its pool):
-    ``await run(body, headers)`` -> Reply; never raises."""
+    ``await run(body, headers)`` -> Reply (``body``: the connection's buffer, a bytearray);
+    never raises."""
 
-    run: Callable[[bytes, list], Awaitable[Reply]]
+    run: Callable[[bytes | bytearray, list], Awaitable[Reply]]
 
 
 def _eas_reply(result) -> Reply:
@@ -150,7 +151,7 @@ class PredictRoutes:
             return _eas_reply(await rt.predict_wire(PredictCall(model, body, deadline=deadline)))
         return await tracked(self.rt, model, "predict", work, error_reply)
 
-    async def eas_later(self, model: str, body: bytes, headers: list) -> Reply:
+    async def eas_later(self, model: str, body: bytes | bytearray, headers: list) -> Reply:
         """:meth:`eas` of a request :meth:`lean_admit` took for a model that does not run it in
         place, whole body in hand: queued on a batching model's queue and awaited on this loop,
         else on the model's pool (``ServingRuntime.predict_wire``). Never raises."""
@@ -163,26 +164,32 @@ class PredictRoutes:
     def lean_admit(self, url: bytes, headers: list) -> Now | Later | None:
         """The answer of a POST to ``url`` that the HTTP connection may give itself, once the
         whole body is in, before any task or ASGI message (``LimitedHttpProtocol``'s lean path);
-        None: the request takes the ASGI path. Taken: a ``Content-Length`` of at most
-        ``inline_max_request_bytes`` and no percent-escape in the URL, to our wire format, TF
-        Serving REST or a route :meth:`add`-ed with ``lean``. Answered here and now for a model
-        that runs such a request in place (our wire format: whose last request ran in place,
-        ``DataPlane.inline_hint``, the engine decides per request; the others:
-        ``ServingRuntime.in_place``, they decode on the caller's thread); else a :class:`Later`,
-        awaited on the loop without the ASGI cycle: the model's batching queue or its pool."""
+        None: the request takes the ASGI path. Taken: a ``Content-Length`` and no percent-escape
+        in the URL, to our wire format (a body within ``max_request_bytes``: it is read as the
+        ASGI route reads it), TF Serving REST or a route :meth:`add`-ed with ``lean`` (a body of
+        at most ``inline_max_request_bytes``: a larger one is held against the decode memory
+        budget as it arrives, on the ASGI path). Answered here and now for a body of at most
+        ``inline_max_request_bytes`` to a model that runs such a request in place (our wire
+        format: whose last request ran in place, ``DataPlane.inline_hint``, the engine decides
+        per request; the others: ``ServingRuntime.in_place``, they decode on the caller's
+        thread); else a :class:`Later`, awaited on the loop without the ASGI cycle: the model's
+        batching queue or its pool."""
         if not self.inline_bytes or b"%" in url:
             return None
         length = header(headers, b"content-length")
-        if length is None or not length.isdigit() or int(length) > self.inline_bytes:
+        if length is None or not length.isdigit():
             return None
+        size = int(length)
         path = url.split(b"?", 1)[0].decode("latin-1")
         if path.startswith(EAS_PREFIX):
             model = path[len(EAS_PREFIX):]
-            if not model or "/" in model:
+            if not model or "/" in model or size > self.limit:  # over the limit: the ASGI route's 413
                 return None
-            if self.rt.dataplane.inline_hint(model):
+            if size <= self.inline_bytes and self.rt.dataplane.inline_hint(model):
                 return lambda body, headers_: self.eas_now(model, body, headers_)
             return Later(lambda body, headers_: self.eas_later(model, body, headers_))
+        if size > self.inline_bytes:  # JSON and v2: the decode memory budget holds a large body as it comes
+            return None
         m = PREDICT_PATH.match(path)
         if m is not None:
             return self._tfs_lean(m, int(length))
@@ -262,7 +269,7 @@ class PredictRoutes:
                 return self.now_tracked(model, api, work)
             return now
 
-        async def later(body: bytes, headers: list) -> Reply:
+        async def later(body: bytes | bytearray, headers: list) -> Reply:
             async def work() -> Reply:
                 deadline = from_http_headers(headers)
                 with budget.hold() as hold:

@@ -169,8 +169,9 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     gate, metrics, access log, the one error mapping), one write for the whole response. Only
     when the connection has no response in progress, so answers stay in order.
 
-    A small request whose model does not run it in place (a batching model's, one on the model's
-    pool) is answered the same way once it ran: the answer (:class:`~server.http.predict.Later`)
+    A request whose model does not run it in place (a batching model's, one on the model's pool;
+    and any of our wire format within ``max_request_bytes``, since a large one never runs in
+    place) is answered the same way once it ran: the answer (:class:`~server.http.predict.Later`)
     is awaited in a task of its own on the loop, without ASGI messages or the response cycle,
     counted among uvicorn's tasks (a shutdown waits for it as for an ASGI one). While it is awaited, the
     connection's next request takes the ASGI path and its response waits for this one's
@@ -201,7 +202,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._over_cap = False
         self._tls_scope = None  # {"client_cert_names": (...)} for a verified client certificate
         self._later: asyncio.Task | None = None  # a deferred lean answer being awaited
-        self._close_after_later = False  # shutdown() came while it was: it ends the connection
+        self._close_after_later = False  # shutdown() came while it was (or its body came): it ends the connection
 
     # --- connection --------------------------------------------------------------------------
 
@@ -328,7 +329,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             context = contextvars.copy_context()
             context.run(request_id_var.set, rid)
             task = self._later = self.loop.create_task(
-                self._answer_later(answer, bytes(exchange.body), exchange.headers, rid, keep_alive), context=context)
+                self._answer_later(answer, exchange.body, exchange.headers, rid, keep_alive), context=context)
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
             return
@@ -337,9 +338,11 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             reply = answer(bytes(exchange.body), exchange.headers)
         finally:
             request_id_var.reset(token)
-        self._write(reply, rid, keep_alive)
+        self._write(reply, rid, keep_alive and not self._close_after_later)
 
-    async def _answer_later(self, later: Later, body: bytes, headers: list, rid: str, keep_alive: bool) -> None:
+    async def _answer_later(self, later: Later, body: bytearray, headers: list, rid: str, keep_alive: bool) -> None:
+        """``later``'s answer, written once it is ready; ``body`` is the exchange's own buffer
+        (no copy: a large body is not held twice), which nothing writes to any more."""
         try:
             reply = await later.run(body, headers)
         finally:
@@ -367,9 +370,11 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             self.server_state.total_requests += 1
 
     def shutdown(self) -> None:
-        """uvicorn's graceful shutdown: a connection awaiting a deferred lean answer (and no
-        later request) ends after that answer, as one with an ASGI response in progress does."""
-        if self._later is not None and (self.cycle is None or self.cycle.response_complete):
+        """uvicorn's graceful shutdown: a connection awaiting a deferred lean answer, or whose
+        lean request's body is still arriving (and no later request), ends after that answer,
+        as one with an ASGI response in progress does."""
+        if ((self._later is not None or self._exchange is not None)
+                and (self.cycle is None or self.cycle.response_complete)):
             self._close_after_later = True
             return
         super().shutdown()

@@ -6,9 +6,10 @@ connection itself (``LimitedHttpProtocol``'s lean path) once the model has run a
 place; everything else takes the ASGI path. Over raw sockets: the lean answers equal the ASGI
 path's (a chunked body, which the lean path never takes), byte for byte in the body; keep-alive,
 pipelining, HTTP/1.0 and ``Connection: close``, request ids, the ping, a bad body's 400, a body
-that stops arriving (408), and the metrics count every request. Small TF Serving REST and KServe
-v2 REST requests take it too, answered as their ASGI routes answer (errors included); a
-compressed or large v2 body keeps the ASGI path.
+that stops arriving (408), and the metrics count every request. A large request of our wire
+format takes it too (run on the model's pool), and a drain lets a lean request whose body is
+still arriving finish. Small TF Serving REST and KServe v2 REST requests take it too, answered
+as their ASGI routes answer (errors included); a compressed or large v2 body keeps the ASGI path.
 """
 
 from __future__ import annotations
@@ -28,24 +29,36 @@ MODEL = "dlrm"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def model_dir(tmp_path_factory):
     from demo import dlrm_onnx
+
+    directory = tmp_path_factory.mktemp("lean") / "dlrm"
+    dlrm_onnx.build(directory / "model.onnx", rows=500, dim=8)
+    return directory
+
+
+def start(model_dir, **keys):
+    """(a ServingApp of the model, its thread), started and ready."""
     from server.app import ServingApp
 
-    model_dir = tmp_path_factory.mktemp("lean") / "dlrm"
-    dlrm_onnx.build(model_dir / "model.onnx", rows=500, dim=8)
     deployment = DeploymentConfig.from_dict({
         "models": [{"name": MODEL, "model_config": {
             "savedmodel_dir": str(model_dir), "backend": "onnxruntime", "session_num": 2,
             "use_per_session_threads": True, "intra_op_parallelism_threads": 1}}],
         "host": "127.0.0.1", "http_port": 0, "grpc_port": None, "access_log": False,
-        "body_read_timeout_seconds": 1.0})
+        "body_read_timeout_seconds": 1.0, **keys})
     app = ServingApp(deployment, announce=lambda line: None)
     thread = threading.Thread(target=app.run, daemon=True)
     thread.start()
     assert app.started.wait(60), "server did not start"
     app.runtime.wait_models(120)
     assert app.runtime.ready
+    return app, thread
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    app, thread = start(model_dir)
     yield app
     app.request_stop()
     thread.join(30)
@@ -121,6 +134,43 @@ def test_lean_answers_equal_the_asgi_path_and_keep_the_connection(server, monkey
     assert re.fullmatch(r"[0-9a-f]{16}", answers[0][1]["x-request-id"])
     assert decode_response(reference)["prob"].shape == (3, 1)
     assert requests_served(server) == before + 3
+
+
+def test_a_large_request_takes_the_lean_path_on_the_models_pool(server, monkeypatch):
+    from demo import dlrm_onnx
+
+    body = encode_request(dlrm_onnx.inputs(300, seed=5))
+    assert len(body) > server.deployment.inline_max_request_bytes
+    (status, _, reference), = exchange(server, chunked(body))  # the ASGI path
+    assert status == 200
+    inline, later = spy_lean(server, monkeypatch), []
+    real = server._asgi.predict.eas_later
+    monkeypatch.setattr(server._asgi.predict, "eas_later", lambda *a: later.append(len(a[1])) or real(*a))
+    answers = exchange(server, request(body), request(encode_request(dlrm_onnx.inputs(1))), request(body))
+    assert [a[0] for a in answers] == [200, 200, 200]
+    assert answers[0][2] == answers[2][2] == reference
+    assert later == [len(body), len(body)] and inline == ["predict"]  # the small one ran in place
+
+
+def test_a_drain_answers_a_lean_request_whose_body_is_still_arriving(model_dir):
+    from demo import dlrm_onnx
+
+    app, thread = start(model_dir, drain_timeout_seconds=5)
+    try:
+        payload = request(encode_request(dlrm_onnx.inputs(300, seed=6)))
+        with connect(app) as sock, sock.makefile("rb") as f:
+            sock.sendall(payload[:-100])
+            time.sleep(0.2)  # headers and most of the body in: a lean request under way
+            app.request_stop()
+            time.sleep(0.3)
+            sock.sendall(payload[-100:])
+            status, headers, data = read_response(f)
+            assert status == 503 and "shutting down" in json.loads(data)["error"]  # the drain's answer
+            assert headers.get("connection") == "close" and f.read() == b""
+    finally:
+        app.request_stop()
+        thread.join(30)
+    assert not thread.is_alive()
 
 
 def test_pipelined_requests_are_answered_in_order(server):
