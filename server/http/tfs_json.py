@@ -169,14 +169,20 @@ def _decode_rows(instances: Any, signature: Signature) -> dict[str, np.ndarray]:
         raise InvalidArgument("'instances' must be a list, one element per example")
     if not instances:
         raise InvalidArgument("'instances' is an empty list")
-    if all(isinstance(row, dict) and not is_b64(row) for row in instances):
-        names = list(instances[0])
-        for i, row in enumerate(instances):
-            if set(row) != set(names):
-                raise _different_inputs(i, row, names)
+    objects, other = 0, None  # rows that are objects (not {"b64"}); the first whose inputs differ
+    first = instances[0]
+    names = first.keys() if isinstance(first, dict) else None
+    for i, row in enumerate(instances):  # one plain loop: it runs once per example
+        if isinstance(row, dict) and not (len(row) == 1 and "b64" in row):
+            objects += 1
+            if other is None and row.keys() != names:
+                other = i
+    if objects == len(instances):
+        if other is not None:
+            raise _different_inputs(other, instances[other], list(names))
         return {name: to_array([row[name] for row in instances], _input(signature, name), name)
                 for name in names}
-    if any(isinstance(row, dict) and not is_b64(row) for row in instances):
+    if objects:
         raise InvalidArgument("'instances' mixes objects and plain values")
     spec = _only_input(signature, "instances")
     return {spec.alias: to_array(instances, spec, spec.alias)}
