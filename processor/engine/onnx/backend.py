@@ -31,8 +31,8 @@ a request runs both, through the Python binding.
 
 Native engine (:mod:`.native_engine`): on CPU lanes of an unsplit graph, a second set of
 sessions over the same host parameter arrays, created through ONNX Runtime's C API, serves whole wire requests without the GIL
-(:meth:`wire_server`) and, where no input needs converting and every output is numeric, the
-arrays of every other front-end (:meth:`run`: TF Serving, KServe v2); the binding sessions above
+(:meth:`wire_server`) and, on CPU lanes where no input needs converting and every output is
+numeric, the arrays of every other front-end (:meth:`run`: TF Serving, KServe v2); the binding sessions above
 serve everything else (what the engine does not take or refuses, warm-up, traces).
 
 Parameter updates (hot update): :meth:`update_parameter` writes new values, whole or by rows,
@@ -181,10 +181,12 @@ class OnnxRuntimeBackend:
              for device, cpus in map(self._session_target, range(plan.sessions))],
             [d.session for d in plan.lanes], self._global_pools, why_not)
         self._native_gpu_copies = self._engine is not None and plan.on_gpu
-        # arrays run on the engine too (run_arrays) where no feed needs converting and every
-        # output is numeric: else the binding session runs them
+        # arrays run on the engine too (run_arrays) on CPU lanes where no feed needs converting
+        # and every output is numeric; else (GPU lanes: their outputs' copies are the binding's,
+        # proven on a GPU) the binding session runs them
         numeric = all(s.dtype != 7 for s in self.signature.outputs.values())
-        self._array_engine = self._engine if self._engine is not None and numeric and not self._converted else None
+        self._array_engine = (self._engine if self._engine is not None and numeric and not self._converted
+                              and not plan.on_gpu else None)
         self._input_index = {alias: i for i, alias in enumerate(self.signature.inputs)}
         self._output_index = {alias: i for i, alias in enumerate(self.signature.outputs)}
 
