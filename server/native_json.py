@@ -9,6 +9,10 @@
   range are the reference's to accept or refuse.
 * :func:`numbers`: a numeric array's ``orjson.dumps(array.tolist())``, byte for byte, without
   a Python object per element; None for non-finite floats and other dtypes.
+* :func:`scan_tfs`: a TF Serving REST predict body of the plain form (numbers and lists of them,
+  named inputs, an optional signature name; ``native/src/tfs_scan.h``) read straight into
+  numbers per input, no Python object per value; :func:`server.http.tfs_json.decode_scan`
+  makes its arrays as the reference decodes the parsed body.
 
 Without the extension both always answer None. Pure functions; thread-safe.
 """
@@ -23,6 +27,7 @@ from processor.native import MODULE
 
 _array = MODULE.json_array if MODULE is not None else None
 _numbers = MODULE.json_numbers if MODULE is not None else None
+_scan_tfs = MODULE.scan_tfs if MODULE is not None else None
 
 
 def array(value: Any, dtype: np.dtype, count: int = -1) -> np.ndarray | None:
@@ -36,3 +41,10 @@ def array(value: Any, dtype: np.dtype, count: int = -1) -> np.ndarray | None:
 def numbers(array_: np.ndarray) -> bytes | None:
     """``orjson.dumps(array_.tolist())`` for a numeric array of finite values; None: not taken."""
     return _numbers(array_) if _numbers is not None else None
+
+
+def scan_tfs(body: bytes | bytearray) -> Any:
+    """``body`` read natively (a ``TfsScan``: ``columnar``, ``signature_name`` or None,
+    ``names`` ("" for bare values), ``arrays(type_nums)`` or None); None: parse it with the
+    reference."""
+    return _scan_tfs(body) if _scan_tfs is not None else None

@@ -4,6 +4,8 @@
 //   json_array(value, type_num, count=-1)   parsed JSON values (nested lists of int / float) ->
 //                              a numpy array of type_num, or None
 //   json_numbers(array)        a numeric numpy array -> the JSON text of array.tolist(), or None
+//   scan_tfs(body) -> TfsScan  a TF Serving REST predict body read into numbers per input
+//                              (tfs_scan.h), or None; TfsScan.arrays(type_nums) its arrays, or None
 //
 // As for the codec (module.cc), None means "not taken": the caller runs the Python reference
 // (server/http/tfs_json_values.py, server/open_inference.py, orjson), which gives the result or
@@ -17,6 +19,8 @@
 // arrays. Both are thread-safe.
 #include "module_json.h"
 
+#include <nanobind/stl/vector.h>
+
 #define NPY_NO_DEPRECATED_API NPY_1_22_API_VERSION
 #define PY_ARRAY_UNIQUE_SYMBOL SP_NATIVE_ARRAY_API
 #define NO_IMPORT_ARRAY  // module.cc imports numpy's C API for the whole module
@@ -24,13 +28,14 @@
 
 #include <cmath>
 #include <cstring>
-#include <limits>
+#include <memory>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "gil.h"
 #include "json_numbers.h"
+#include "json_values.h"
+#include "tfs_scan.h"
 
 namespace nb = nanobind;
 
@@ -39,19 +44,20 @@ namespace {
 
 constexpr int kMaxDepth = 64;                // numpy's most dimensions: the reference's bound
 
-// The leaves of a JSON value, borrowed from the caller's lists (alive for the call).
-struct Leaves {
-  std::vector<PyObject*> items;
-  bool has_float = false;
-};
+// The numbers of a JSON value, read from the caller's lists.
+using Leaves = sp::json::Numbers;
 
 bool leaf(PyObject* v, Leaves& out) {
   if (PyFloat_CheckExact(v)) {
-    out.has_float = true;
-  } else if (!PyLong_CheckExact(v)) {  // bool, str, dict, None, a list where a number belongs
+    out.add_real(PyFloat_AS_DOUBLE(v));
+  } else if (PyLong_CheckExact(v)) {
+    int overflow = 0;
+    long long n = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow) return false;  // past int64: numpy reads it otherwise
+    out.add_int(n);
+  } else {  // bool, str, dict, None, a list where a number belongs
     return false;
   }
-  out.items.push_back(v);
   return true;
 }
 
@@ -73,76 +79,48 @@ bool walk_flat(PyObject* v, int depth, Leaves& out) {
   return true;
 }
 
-template <class T>
-bool fill_int(const Leaves& l, T* dst) {
-  if (l.has_float) return false;  // the reference refuses floats for an integer input
-  for (size_t i = 0; i < l.items.size(); ++i) {
-    int overflow = 0;
-    long long x = PyLong_AsLongLongAndOverflow(l.items[i], &overflow);
-    if (overflow) return false;
-    if constexpr (std::is_unsigned_v<T>) {
-      if (x < 0 || static_cast<unsigned long long>(x) > std::numeric_limits<T>::max()) return false;
-    } else {
-      if (x < std::numeric_limits<T>::min() || x > std::numeric_limits<T>::max()) return false;
-    }
-    dst[i] = static_cast<T>(x);
-  }
-  return true;
-}
-
-// `via_double`: integers become doubles first (numpy's float64 array of mixed values, v2's
-// astype(float64)); else an integer converts straight to T (numpy's int64 array's astype).
-template <class T>
-bool fill_float(const Leaves& l, T* dst, bool via_double) {
-  for (size_t i = 0; i < l.items.size(); ++i) {
-    PyObject* v = l.items[i];
-    T x;
-    if (PyFloat_CheckExact(v)) {
-      double d = PyFloat_AS_DOUBLE(v);
-      x = static_cast<T>(d);
-      if (std::isinf(x) && std::isfinite(d)) return false;  // out of T's range: the reference decides
-    } else {
-      int overflow = 0;
-      long long n = PyLong_AsLongLongAndOverflow(v, &overflow);
-      if (overflow) return false;
-      x = via_double ? static_cast<T>(static_cast<double>(n)) : static_cast<T>(n);
-    }
-    dst[i] = x;
-  }
-  return true;
-}
-
-bool fill(int type, const Leaves& l, void* dst, bool via_double) {
+// The element type a numpy type number converts to; false for the types the reference converts.
+bool elem_of(int type, sp::json::Elem& elem) {
+  using sp::json::Elem;
   switch (type) {
-    case NPY_FLOAT32: return fill_float(l, static_cast<float*>(dst), via_double);
-    case NPY_FLOAT64: return fill_float(l, static_cast<double*>(dst), via_double);
-    case NPY_INT64: return fill_int(l, static_cast<int64_t*>(dst));
-    case NPY_INT32: return fill_int(l, static_cast<int32_t*>(dst));
-    case NPY_INT16: return fill_int(l, static_cast<int16_t*>(dst));
-    case NPY_INT8: return fill_int(l, static_cast<int8_t*>(dst));
-    case NPY_UINT64: return fill_int(l, static_cast<uint64_t*>(dst));
-    case NPY_UINT32: return fill_int(l, static_cast<uint32_t*>(dst));
-    case NPY_UINT16: return fill_int(l, static_cast<uint16_t*>(dst));
-    case NPY_UINT8: return fill_int(l, static_cast<uint8_t*>(dst));
+    case NPY_FLOAT32: elem = Elem::F32; return true;
+    case NPY_FLOAT64: elem = Elem::F64; return true;
+    case NPY_INT64: elem = Elem::I64; return true;
+    case NPY_INT32: elem = Elem::I32; return true;
+    case NPY_INT16: elem = Elem::I16; return true;
+    case NPY_INT8: elem = Elem::I8; return true;
+    case NPY_UINT64: elem = Elem::U64; return true;
+    case NPY_UINT32: elem = Elem::U32; return true;
+    case NPY_UINT16: elem = Elem::U16; return true;
+    case NPY_UINT8: elem = Elem::U8; return true;
     default: return false;
   }
 }
 
-bool supported(int type) {
-  switch (type) {
-    case NPY_FLOAT32: case NPY_FLOAT64: case NPY_INT64: case NPY_INT32: case NPY_INT16:
-    case NPY_INT8: case NPY_UINT64: case NPY_UINT32: case NPY_UINT16: case NPY_UINT8:
-      return true;
-    default:
-      return false;
+// A new array of `type` and `shape` holding `numbers` (sp::json::convert's rules), or None
+// where the reference decides.
+nb::object make_array(int type, const std::vector<npy_intp>& shape, const sp::json::Numbers& numbers,
+                      bool ints_via_double) {
+  sp::json::Elem elem;
+  if (!elem_of(type, elem)) return nb::none();
+  PyObject* a = PyArray_SimpleNew(int(shape.size()), shape.data(), type);
+  if (!a) throw nb::python_error();
+  nb::object array = nb::steal(a);
+  if (size_t(PyArray_SIZE(reinterpret_cast<PyArrayObject*>(a))) != numbers.size()) return nb::none();  // never past it
+  bool ok;
+  {
+    MaybeRelease nogil(numbers.size() * 8 >= kReleaseBytes);
+    ok = sp::json::convert(numbers, elem, ints_via_double, PyArray_DATA(reinterpret_cast<PyArrayObject*>(a)));
   }
+  return ok ? array : nb::none();
 }
 
 // count < 0: TF Serving's reading (numpy's shape of the nested lists; integers alone convert
 // straight to the type, mixed with floats through float64). count >= 0: KServe v2's (the
 // numbers of any nesting, exactly count of them, a flat array; through float64 for a float type).
 nb::object json_array(nb::handle value, int type, int64_t count) {
-  if (!supported(type) || !PyList_CheckExact(value.ptr())) return nb::none();
+  sp::json::Elem elem;
+  if (!elem_of(type, elem) || !PyList_CheckExact(value.ptr())) return nb::none();
   Leaves leaves;
   std::vector<npy_intp> shape;
   if (count < 0) {
@@ -154,16 +132,55 @@ nb::object json_array(nb::handle value, int type, int64_t count) {
     }
     if (!walk_natural(value.ptr(), 0, shape, leaves)) return nb::none();
   } else {
-    leaves.items.reserve(size_t(count));
-    if (!walk_flat(value.ptr(), 0, leaves) || leaves.items.size() != size_t(count)) return nb::none();
+    leaves.ints.reserve(size_t(count));
+    if (!walk_flat(value.ptr(), 0, leaves) || leaves.size() != size_t(count)) return nb::none();
     shape.push_back(npy_intp(count));
   }
-  PyObject* a = PyArray_SimpleNew(int(shape.size()), shape.data(), type);
-  if (!a) throw nb::python_error();
-  nb::object array = nb::steal(a);
-  bool via_double = count >= 0 || leaves.has_float;
-  if (!fill(type, leaves, PyArray_DATA(reinterpret_cast<PyArrayObject*>(a)), via_double)) return nb::none();
-  return array;
+  return make_array(type, shape, leaves, count >= 0);
+}
+
+// A TF Serving REST predict body read natively (tfs_scan.h), for Python.
+struct PyTfsScan {
+  sp::json::TfsScan scan;
+};
+
+nb::object scan_tfs(nb::handle body) {
+  Py_buffer view;
+  if (PyObject_GetBuffer(body.ptr(), &view, PyBUF_SIMPLE) != 0) throw nb::python_error();
+  std::unique_ptr<Py_buffer, void (*)(Py_buffer*)> guard(&view, PyBuffer_Release);
+  auto out = std::make_unique<PyTfsScan>();
+  bool ok;
+  {
+    MaybeRelease nogil(size_t(view.len) >= kReleaseBytes);  // the request's own buffer, which nothing writes to
+    ok = sp::json::scan_tfs(static_cast<const char*>(view.buf), size_t(view.len), out->scan);
+  }
+  if (!ok) return nb::none();
+  return nb::cast(out.release(), nb::rv_policy::take_ownership);
+}
+
+nb::list scan_names(const PyTfsScan& self) {
+  nb::list names;
+  for (const auto& in : self.scan.inputs) names.append(nb::str(in.name.data(), in.name.size()));
+  return names;
+}
+
+nb::object scan_signature_name(const PyTfsScan& self) {
+  if (!self.scan.has_signature_name) return nb::none();
+  return nb::str(self.scan.signature_name.data(), self.scan.signature_name.size());
+}
+
+// The inputs' arrays, input k as numpy type type_nums[k]; None where the reference decides.
+nb::object scan_arrays(const PyTfsScan& self, const std::vector<int>& type_nums) {
+  if (type_nums.size() != self.scan.inputs.size()) return nb::none();
+  nb::list arrays;
+  for (size_t k = 0; k < type_nums.size(); ++k) {
+    const sp::json::ScannedInput& in = self.scan.inputs[k];
+    std::vector<npy_intp> shape(in.shape.begin(), in.shape.end());
+    nb::object array = make_array(type_nums[k], shape, in.numbers, false);
+    if (array.is_none()) return nb::none();
+    arrays.append(array);
+  }
+  return arrays;
 }
 
 class Writer {
@@ -224,7 +241,8 @@ nb::object json_numbers(nb::handle obj) {
   if (!PyArray_Check(obj.ptr())) return nb::none();
   auto* a = reinterpret_cast<PyArrayObject*>(obj.ptr());
   int type = PyArray_TYPE(a);
-  if ((!supported(type) && type != NPY_BOOL) || !PyArray_ISCARRAY_RO(a) || !PyArray_ISNOTSWAPPED(a))
+  sp::json::Elem elem;
+  if ((!elem_of(type, elem) && type != NPY_BOOL) || !PyArray_ISCARRAY_RO(a) || !PyArray_ISNOTSWAPPED(a))
     return nb::none();
   std::string out;
   bool ok;
@@ -246,6 +264,15 @@ void bind_json(nb::module_& m) {
         "Parsed JSON values (nested lists of int / float) as a numpy array of type_num: count < 0, "
         "numpy's shape of the lists (TF Serving REST); else exactly count numbers of any nesting, "
         "flat (KServe v2). None where the Python reference must decide.");
+  nb::class_<PyTfsScan>(m, "TfsScan")
+      .def_prop_ro("columnar", [](const PyTfsScan& s) { return s.scan.columnar; })
+      .def_prop_ro("signature_name", &scan_signature_name)
+      .def_prop_ro("names", &scan_names)
+      .def("arrays", &scan_arrays, nb::arg("type_nums"),
+           "the inputs' arrays, input k as numpy type type_nums[k]; None where the reference decides");
+  m.def("scan_tfs", &scan_tfs, nb::arg("body"),
+        "A TF Serving REST predict body read straight into numbers per input (native/src/tfs_scan.h), "
+        "or None where the Python reference must parse it.");
   m.def("json_numbers", &json_numbers, nb::arg("array"),
         "The JSON text of array.tolist() for a numeric array (orjson's layout), or None.");
 }

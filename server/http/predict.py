@@ -21,7 +21,7 @@ from processor.errors import InvalidArgument, SignatureNotFound, Unavailable, ed
 from processor.request import PredictCall, parse_version
 from processor.signature import Signature
 
-from .. import tfs_inference
+from .. import native_json, tfs_inference
 from ..deadline import from_http_headers
 from ..runtime import ServingRuntime
 from ..tfs_messages import messages
@@ -316,6 +316,42 @@ class TfsJsonInputs:
         return arrays
 
 
+class ScannedTfsInputs:
+    """:class:`TfsJsonInputs` of a body ``native_json.scan_tfs`` read (no Python object per
+    value): the signature's arrays made natively (``tfs_json.decode_scan``), or where it does
+    not take them, the body parsed and decoded by the reference. Used by one request's thread."""
+
+    __slots__ = ("scan", "signature_name", "format", "_body", "_limits", "_charge")
+
+    def __init__(self, scan, body: bytes | bytearray, limits: tfs_json.Limits,
+                 charge: Callable[[int], None] | None) -> None:
+        self.scan = scan
+        self.signature_name = scan.signature_name or ""
+        self.format = tfs_json.COLUMNAR if scan.columnar else tfs_json.ROW
+        self._body, self._limits, self._charge = body, limits, charge
+
+    def __call__(self, signature: Signature):
+        arrays = tfs_json.decode_scan(self.scan, signature, self._limits, self._charge)
+        self.scan = None
+        if arrays is None:
+            reference = TfsJsonInputs(tfs_json.parse_request(self._body, self._limits), self._body, self._charge)
+            arrays = reference(signature)
+            self.format = reference.format
+        return arrays
+
+
+def tfs_inputs(body: bytes | bytearray, limits: tfs_json.Limits = tfs_json.Limits(),
+               charge: Callable[[int], None] | None = None) -> TfsJsonInputs | ScannedTfsInputs:
+    """The inputs of a TF Serving REST predict body: read natively where it is small and of the
+    plain form (:class:`ScannedTfsInputs`), else parsed (:class:`TfsJsonInputs`); raises the
+    parse's InvalidArgument."""
+    if len(body) <= tfs_json.SMALL_BODY:
+        scan = native_json.scan_tfs(body)
+        if scan is not None:
+            return ScannedTfsInputs(scan, body, limits, charge)
+    return TfsJsonInputs(tfs_json.parse_request(body, limits), body, charge)
+
+
 def tfs_predict(rt: ServingRuntime, name: str, version: int | None, label: str | None, method: str,
                 body: bytes | bytearray, deadline: float | None = None,
                 limits: tfs_json.Limits = tfs_json.Limits(), hold: Hold | None = None) -> bytes | bytearray:
@@ -325,7 +361,7 @@ def tfs_predict(rt: ServingRuntime, name: str, version: int | None, label: str |
         return tfs_classify_regress(rt, name, version, label, method, body, deadline, limits.max_depth)
     size = len(body)
     try:
-        inputs = TfsJsonInputs(tfs_json.parse_request(body, limits), body, hold.charge if hold else None)
+        inputs = tfs_inputs(body, limits, hold.charge if hold else None)
         try:
             outputs = rt.dataplane.predict(PredictCall(name, inputs, version=version, label=label,
                                                        signature_name=inputs.signature_name,

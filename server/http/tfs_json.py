@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from processor import dtypes
 from processor.dtypes import DT_STRING
 from processor.errors import InvalidArgument, PayloadTooLarge
 from processor.signature import Signature, TensorSpec
@@ -186,6 +187,30 @@ def _decode_rows(instances: Any, signature: Signature) -> dict[str, np.ndarray]:
         raise InvalidArgument("'instances' mixes objects and plain values")
     spec = _only_input(signature, "instances")
     return {spec.alias: to_array(instances, spec, spec.alias)}
+
+
+def decode_scan(scan: Any, signature: Signature, limits: Limits = Limits(),
+                charge: Callable[[int], None] | None = None) -> dict[str, np.ndarray] | None:
+    """The arrays :func:`decode_request` makes of a body ``native_json.scan_tfs`` read (numbers
+    and lists of them only), keyed as it keys them; None where the reference must decode the
+    parsed body (an error it reports in its own order, a dtype it converts itself)."""
+    names = scan.names
+    try:
+        if names == [""]:  # bare values: the only input's
+            specs = [_only_input(signature, "inputs" if scan.columnar else "instances")]
+            names = [specs[0].alias]
+        else:
+            specs = [_input(signature, name) for name in names]
+    except InvalidArgument:
+        return None
+    wires = [dtypes.WIRE_TYPES.get(spec.dtype) for spec in specs]
+    if None in wires:
+        return None
+    arrays = scan.arrays([wire.numpy.num for wire in wires])
+    if arrays is None:
+        return None
+    _Elements(limits.max_elements, charge).take(sum(a.size for a in arrays), sum(a.nbytes for a in arrays))
+    return dict(zip(names, arrays))
 
 
 def _different_inputs(i: int, row: dict, names: list[str]) -> InvalidArgument:

@@ -212,3 +212,98 @@ def test_v2_responses_read_as_the_references(without_native):
                     "data": oip.json_data(k, a)} for k, a in outputs.items()]
         before = {"model_name": "m\u00f6del", "model_version": "3", "outputs": tensors, "id": "r\u00e9q-1"}
         assert want[1] == json.dumps(before, allow_nan=False).encode()
+
+
+# --- whole TF Serving REST bodies read natively (native_json.scan_tfs) ------------------------------
+
+def _signature(specs: dict[str, int]):
+    from processor.signature import Signature
+
+    return Signature("serving_default", {k: TensorSpec(k, f"{k}:0", dt, None) for k, dt in specs.items()},
+                     {"y": TensorSpec("y", "y:0", dtypes.DT_FLOAT, None)})
+
+
+SIGNATURES = [_signature({"a": dtypes.DT_FLOAT, "b": dtypes.DT_INT64}),
+              _signature({"a": dtypes.DT_INT32, "b": dtypes.DT_DOUBLE, "c": dtypes.DT_UINT8}),
+              _signature({"a": dtypes.DT_FLOAT}), _signature({"a": dtypes.DT_INT8}),
+              _signature({"a": dtypes.DT_STRING, "b": dtypes.DT_BOOL})]
+
+
+def bodies(seed: int = 0, n: int = 300) -> list[bytes]:
+    """TF Serving REST predict bodies: plain ones of every form, and ones that are not plain or
+    not valid JSON (each must be read as the reference reads it, or left to it)."""
+    rng = random.Random(seed)
+    values = [v for v in corpus(seed, n) if isinstance(v, list)]
+    out = [b"", b"{}", b"[]", b'{"instances": []}', b'{"inputs": {}}', b'{"instances": [1, 2]} x',
+           b'{"instances": [1, 2]', b'{"instances": [-0, 1E5, 1e-400, 01]}', b'{"instances": [1.]}',
+           b'{"instances": [NaN]}', b'{"instances": [1e400]}', b'{"instances": [12345678901234567890]}',
+           b'{"instances": [-9223372036854775808, 9223372036854775807]}', b'{"instances": [9223372036854775808]}',
+           b'{"instances": [{"a": 1}, 2]}', b'{"instances": [2, {"a": 1}]}', b'{"instances": [{"a": 1}, {"b": 1}]}',
+           b'{"instances": [{"a": 1, "a": 2}]}', b'{"instances": [{"a": 1}, {"a": 1, "b": 2}]}',
+           b'{"instances": [1], "inputs": [1]}', b'{"instances": [1], "instances": [2]}',
+           b'{"instances": [1], "signature_name": 5}', b'{"instances": [1], "signature_name": "s\\u00e9"}',
+           b'{"instances": [1], "signature_name": "x", "signature_name": "y"}', b'{"instances": [1], "other": 1}',
+           b'{"inputs": 5}', b'{"inputs": [[1, 2], [3]]}', b'{"inputs": {"a": [1], "a": [2]}}',
+           b'{"inputs": {"\\u0061": [1]}}', b'{"inputs": {"\xc3\xa9": [1]}}', b'\xef\xbb\xbf{"instances": [1]}',
+           b' \t\r\n{ "instances" : [ { "a" : [ 1 , 2.5 ] , "b" : [ 3 ] } ] } \n',
+           b'{"instances": [{"a": [1, 2]}, {"a": [3]}]}', b'{"instances": [{"a": true}]}',
+           b'{"instances": [{"a": "x"}]}', b'{"instances": [{"a": {"b64": "eA=="}}]}', b'{"instances": [{"a": null}]}',
+           b'{"instances": [{"a": [1152921573326323713, 1], "b": [1]}]}',  # 2**60 + 2**36 + 1: see INT_EDGES
+           b'{"inputs": {"a": [1152921573326323713, 0.5]}}',
+           ("{\"inputs\": {\"a\": " + "[" * 40 + "1" + "]" * 40 + "}}").encode(),
+           ("{\"inputs\": {\"a\": " + "[" * 31 + "1" + "]" * 31 + "}}").encode()]
+    for _ in range(n):
+        names = rng.sample(["a", "b", "c", "zz"], rng.randint(1, 3))
+        value = [rng.choice(values) for _ in names]
+        form = rng.choice(["rows", "columns", "bare-rows", "bare-columns"])
+        if form == "rows":
+            rows = rng.randint(1, 3)
+            doc: dict = {"instances": [{k: (v[0] if isinstance(v, list) and v and rng.random() < 0.3 else v)
+                                        for k, v in zip(names, value)} for _ in range(rows)]}
+        elif form == "columns":
+            doc = {"inputs": dict(zip(names, value))}
+        elif form == "bare-rows":
+            doc = {"instances": value[0]}
+        else:
+            doc = {"inputs": value[0]}
+        if rng.random() < 0.3:
+            doc["signature_name"] = rng.choice(["", "serving_default", "other"])
+        text = json.dumps(doc, allow_nan=True)
+        if rng.random() < 0.2:
+            text = text.replace(", ", rng.choice([",", " ,\n ", "\t,"]))
+        out.append(text.encode())
+    return out
+
+
+def test_tf_serving_bodies_read_natively_decode_as_the_reference_does(without_native, monkeypatch):
+    from server.http.predict import tfs_inputs
+
+    limits = tfs_json.Limits()
+    taken = 0
+
+    def decode(body, signature):
+        inputs = tfs_inputs(body, limits)
+        arrays = inputs(signature)
+        return inputs.signature_name, inputs.format, arrays
+
+    for signature in SIGNATURES:
+        for body in bodies(seed=len(signature.inputs)):
+            with monkeypatch.context() as m:
+                m.setattr(native_json, "_scan_tfs", None)
+                want = without_native(lambda: outcome(lambda: decode(body, signature)))
+            got = outcome(lambda: decode(body, signature))
+            if len(want) == 2:  # an error: the same one
+                assert got == want, (body[:200], got, want)
+                continue
+            assert got[:2] == want[:2] and got[2].keys() == want[2].keys(), (body[:200], got, want)
+            for key in want[2]:
+                assert same(got[2][key], want[2][key]), (body[:200], key, got[2][key], want[2][key])
+            scan = native_json.scan_tfs(body)
+            taken += scan is not None and tfs_json.decode_scan(scan, signature) is not None
+    assert taken > 60  # many: the corpus is mostly of bodies the reference must read
+    plain = b'{"instances": [{"a": [1.5, 2], "b": [3]}, {"a": [4, 5], "b": [6]}], "signature_name": "serving_default"}'
+    scan = native_json.scan_tfs(plain)
+    assert scan.signature_name == "serving_default" and scan.names == ["a", "b"] and not scan.columnar
+    arrays = tfs_json.decode_scan(scan, SIGNATURES[0])
+    assert arrays["a"].tolist() == [[1.5, 2], [4, 5]] and arrays["a"].dtype == np.float32
+    assert arrays["b"].tolist() == [[3], [6]] and arrays["b"].dtype == np.int64
