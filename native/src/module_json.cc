@@ -15,8 +15,9 @@
 // orjson writes for the same Python values (the same doubles read back); non-finite floats
 // are left to the reference (TF Serving's NaN tokens, v2's refusal).
 //
-// json_array reads Python objects, so it holds the GIL; json_numbers gives it up for large
-// arrays. Both are thread-safe.
+// json_array reads Python objects with the GIL held (it gives the GIL up to convert a large
+// value's numbers); scan_tfs, TfsScan.arrays and json_numbers give it up for large inputs. All
+// are thread-safe.
 #include "module_json.h"
 
 #include <nanobind/stl/vector.h>
@@ -42,7 +43,7 @@ namespace nb = nanobind;
 namespace sp::py {
 namespace {
 
-constexpr int kMaxDepth = 64;                // numpy's most dimensions: the reference's bound
+constexpr int kMaxDepth = 64;  // numpy's most dimensions: the reference's bound
 
 // The numbers of a JSON value, read from the caller's lists.
 using Leaves = sp::json::Numbers;

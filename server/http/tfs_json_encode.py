@@ -70,8 +70,12 @@ def encode_predict(outputs: dict[str, np.ndarray], fmt: str) -> bytes | bytearra
 
 def _native_predict(outputs: dict[str, np.ndarray], fmt: str) -> bytes | None:
     """:func:`encode_predict`'s bytes written natively (``native_json.numbers``: orjson's bytes
-    of the same values, no Python object per element) where every output is numeric and finite
-    and, for a row request, there is one output (more are rows of objects); None: not taken."""
+    of the same values, no Python object per element) where every output is numeric and finite,
+    all of them hold at most ``_ENCODE_RUN`` elements (a larger answer is written a run at a
+    time, its text never held twice) and, for a row request, there is one output (more are rows
+    of objects); None: not taken."""
+    if sum(array.size for array in outputs.values()) > _ENCODE_RUN:
+        return None
     if fmt == COLUMNAR and len(outputs) > 1:
         parts = []
         for name, array in outputs.items():
