@@ -6,9 +6,10 @@ both TF Serving formats: ``instances`` (rows) and ``inputs`` (columnar), batch 1
 and a ~45 MB body (about 100k rows) for the memory bound. Each candidate is parse + conversion
 into the arrays the signature needs:
 
-* ``today``: what the HTTP route calls (``tfs_json.parse_request`` + ``decode_request``: a body up
-  to 256 KiB parsed whole with orjson, a larger one scanned by ``json_stream`` and parsed a run
-  of ~256 KiB at a time);
+* ``today``: what the HTTP route calls (``predict.tfs_inputs`` and its decoder: a body up to
+  256 KiB of numbers only read natively, ``native_json.scan_tfs``, any other up to that size
+  parsed whole with orjson, a larger one scanned by ``json_stream`` and parsed a run of ~256 KiB
+  at a time; the demo bodies hold strings, so theirs is the orjson path);
 * ``json`` / ``orjson`` / ``msgspec`` / ``rapidjson`` / ``yyjson`` / ``simdjson-objects``: the
   whole body parsed into Python objects (``loads``), then today's ``decode_predict`` (the
   conversion the small-body path uses, so the arrays are the same by construction);
@@ -90,7 +91,9 @@ def big_batch(target_bytes: int) -> int:
 # --- candidates ---------------------------------------------------------------------------------
 
 def today(data: bytes, sig: Signature) -> dict:
-    return tfs_json.decode_request(tfs_json.parse_request(data), sig)[0]
+    from server.http.predict import tfs_inputs
+
+    return tfs_inputs(data)(sig)
 
 
 def whole(loads: Callable[[bytes], object]) -> Decode:
@@ -467,8 +470,9 @@ def markdown(rows: list[dict], bad: dict, names: list[str], versions: dict, keep
     for case in BAD:
         lines.append(f"| {case} | " + " | ".join(bad[n][case] for n in names) + " |")
     lines += ["", "## Decision", "", f"Kept: **{keep}**" + (
-        " (server/http/tfs_json.py: a body up to 256 KiB parsed whole with orjson, a larger one "
-        "scanned by json_stream and parsed a run at a time)." if keep == "today" else "."), "",
+        " (server/http/predict.py tfs_inputs: a body up to 256 KiB of numbers only read natively, any "
+        "other up to that size parsed whole with orjson, a larger one scanned by json_stream and "
+        "parsed a run at a time)." if keep == "today" else "."), "",
               "Why each candidate was not taken:", ""] + [f"* {r}" for r in reasons] + ["", _threshold_note(rows)]
     return "\n".join(lines)
 
