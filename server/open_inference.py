@@ -21,7 +21,6 @@ is not UTF-8, is refused with a hint to ask for it as binary data. Functions onl
 from __future__ import annotations
 
 import importlib.metadata
-import math
 import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass

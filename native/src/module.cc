@@ -20,7 +20,7 @@
 #include <nanobind/stl/vector.h>
 
 #define NPY_NO_DEPRECATED_API NPY_1_22_API_VERSION
-#define PY_ARRAY_UNIQUE_SYMBOL SP_NATIVE_ARRAY_API
+#define PY_ARRAY_UNIQUE_SYMBOL SP_NATIVE_ARRAY_API  // the name numpy_api.h gives it too
 #include <numpy/arrayobject.h>
 
 #include <cstring>

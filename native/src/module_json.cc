@@ -22,10 +22,7 @@
 
 #include <nanobind/stl/vector.h>
 
-#define NPY_NO_DEPRECATED_API NPY_1_22_API_VERSION
-#define PY_ARRAY_UNIQUE_SYMBOL SP_NATIVE_ARRAY_API
-#define NO_IMPORT_ARRAY  // module.cc imports numpy's C API for the whole module
-#include <numpy/arrayobject.h>
+#include "numpy_api.h"
 
 #include <cmath>
 #include <cstring>

@@ -13,6 +13,12 @@ namespace {
 // refuses past those), above any served signature's rank.
 constexpr size_t kMaxRank = 32;
 
+// The first byte from p on that is not JSON whitespace (or end).
+const char* skip_space(const char* p, const char* end) {
+  while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) ++p;
+  return p;
+}
+
 class Scanner {
  public:
   Scanner(const char* data, size_t size) : p_(data), end_(data + size) {}
@@ -224,11 +230,7 @@ class Scanner {
     return false;
   }
 
-  void space() {
-    const char* p = p_;
-    while (p < end_ && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) ++p;
-    p_ = p;
-  }
+  void space() { p_ = skip_space(p_, end_); }
 
   static bool digit(char c) { return c >= '0' && c <= '9'; }
 
@@ -244,8 +246,7 @@ bool names_only(const char* p, const char* end) {
   while ((p = static_cast<const char*>(std::memchr(p, '"', size_t(end - p)))) != nullptr) {
     const char* close = static_cast<const char*>(std::memchr(p + 1, '"', size_t(end - p - 1)));
     if (close == nullptr) return false;
-    p = close + 1;
-    while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) ++p;
+    p = skip_space(close + 1, end);
     if ((p >= end || *p != ':') && ++values > 1) return false;
   }
   return true;

@@ -17,7 +17,7 @@ from processor.dtypes import DT_BOOL, DT_DOUBLE, DT_FLOAT, DT_INT32, DT_INT64, D
 from processor.errors import InvalidArgument, PayloadTooLarge, ProcessorError, SignatureNotFound, Unavailable
 from processor.signature import Signature, TensorSpec
 from server.http import body as body_mod
-from server.http import json_stream, memory_budget, tfs_json, tfs_json_encode
+from server.http import json_stream, memory_budget, tfs_json, tfs_json_encode, tfs_json_inputs, tfs_json_runs
 
 TOY = Signature("serving_default", {"x": TensorSpec("x", "x:0", DT_FLOAT, (-1, 1))}, {})
 MULTI = Signature("serving_default", {
@@ -33,12 +33,18 @@ TYPED = Signature("serving_default", {
 MAX_MESSAGE = 1024
 
 
+def short_runs(monkeypatch) -> None:
+    """Runs of 64 bytes, elements of over 256 bytes split out (where the decoders read them)."""
+    monkeypatch.setattr(tfs_json_runs, "CHUNK", 64)
+    monkeypatch.setattr(tfs_json_inputs, "CHUNK", 64)
+    monkeypatch.setattr(tfs_json_runs, "_BIG_RUN", 256)
+
+
 @pytest.fixture
 def tiny_runs(monkeypatch):
     """Every body takes the large-body path, with runs of 64 bytes and 37-byte scan blocks."""
     monkeypatch.setattr(tfs_json, "SMALL_BODY", 0)
-    monkeypatch.setattr(tfs_json, "CHUNK", 64)
-    monkeypatch.setattr(tfs_json, "_BIG_RUN", 256)
+    short_runs(monkeypatch)
     monkeypatch.setattr(json_stream, "BLOCK", 37)
 
 
@@ -114,8 +120,7 @@ def test_large_body_path_equals_whole_body_path(body, sig, monkeypatch):
     whole = outcome(body, sig)
     monkeypatch.setattr(tfs_json, "SMALL_BODY", 0)
     assert outcome(body, sig) == whole  # runs of 256 KiB: one run here
-    monkeypatch.setattr(tfs_json, "CHUNK", 64)
-    monkeypatch.setattr(tfs_json, "_BIG_RUN", 256)
+    short_runs(monkeypatch)
     monkeypatch.setattr(json_stream, "BLOCK", 37)
     assert outcome(body, sig) == whole
 
@@ -174,8 +179,7 @@ BAD = [
 def test_bad_input_is_a_bounded_client_error(body, sig, error, message, path, monkeypatch):
     if path == "runs":
         monkeypatch.setattr(tfs_json, "SMALL_BODY", 0)
-        monkeypatch.setattr(tfs_json, "CHUNK", 64)
-        monkeypatch.setattr(tfs_json, "_BIG_RUN", 256)
+        short_runs(monkeypatch)
     with pytest.raises(ProcessorError) as info:
         decode(body, sig)
     text = str(info.value)
@@ -246,7 +250,8 @@ def test_memory_budget_admits_refuses_and_releases():
 def test_decoder_charges_its_arrays(runs, monkeypatch):
     if runs:
         monkeypatch.setattr(tfs_json, "SMALL_BODY", 0)
-        monkeypatch.setattr(tfs_json, "CHUNK", 64)
+        monkeypatch.setattr(tfs_json_runs, "CHUNK", 64)
+        monkeypatch.setattr(tfs_json_inputs, "CHUNK", 64)
     body = json.dumps({"instances": rows_of(100)}).encode()
     charged: list[int] = []
     arrays, _ = tfs_json.decode_request(tfs_json.parse_request(body), MULTI, charged.append)
