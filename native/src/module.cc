@@ -16,6 +16,7 @@
 // request or response is large enough for the hand-over to pay (kReleaseBytes); numpy arrays and
 // Python objects are made with it. Every function is thread-safe.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -290,6 +291,18 @@ nb::object predict_log_tail(nb::bytes request, nb::bytes response, nb::dict alia
   return nb::bytes(out.data(), out.size());
 }
 
+// Whether the request decoder packs varints with pext (sp::varint_pext()); `on` switches it, for
+// the tests that check both paths against the reference. False where the build has no pext path.
+bool varint_pext(std::optional<bool> on) {
+#ifdef SP_VARINT_PEXT
+  if (on) sp::varint_pext().store(*on && sp::pext_is_fast());
+  return sp::varint_pext().load();
+#else
+  (void)on;
+  return false;
+#endif
+}
+
 }  // namespace
 
 NB_MODULE(_native, m) {
@@ -312,4 +325,6 @@ NB_MODULE(_native, m) {
   m.def("encode", &encode, nb::arg("keys"), nb::arg("arrays"));
   m.def("fingerprint64", &fingerprint64, nb::arg("values"), nb::arg("num_buckets") = 0);
   m.def("predict_log_tail", &predict_log_tail, nb::arg("request"), nb::arg("response"), nb::arg("aliases"));
+  m.def("varint_pext", &varint_pext, nb::arg("on") = nb::none(),
+        "Whether int varints are decoded with BMI2's pext (set from the CPU); on: switch it (tests)");
 }

@@ -154,17 +154,9 @@ bool check_input(const InputSpec& spec, RawArray& a, ParsedInput& in) {
   return true;
 }
 
-// Decodes exactly `count` varints of `v` into dst through convert(raw, T&) (false: refuse).
-template <typename T, typename C>
-bool fill_varints(Span v, const uint8_t* limit, int64_t count, T* dst, C&& convert) {
-  T* const stop = dst + count;
-  bool ok = for_each_varint(v, limit, [&](uint64_t raw) { return dst < stop && convert(raw, *dst++); });
-  return ok && dst == stop;
-}
-
 template <typename T>
 bool fill_ints(Span v, const uint8_t* limit, int64_t count, T* dst, int64_t lo, int64_t hi) {
-  return fill_varints(v, limit, count, dst, [&](uint64_t raw, T& out) {
+  return fill_varints(v, limit, dst, dst + count, [lo, hi](uint64_t raw, T& out) {
     int64_t x = int64_t(int32_t(uint32_t(raw)));  // int32 field: upb keeps the low 32 bits
     out = T(x);
     return x >= lo && x <= hi;
@@ -240,12 +232,14 @@ bool fill_values(const Plan& plan, const ParsedInput& in, void* dst, const uint8
     case DT_INT16: return fill_ints(v, limit, in.count, static_cast<int16_t*>(dst), -32768, 32767);
     case DT_UINT16: return fill_ints(v, limit, in.count, static_cast<uint16_t*>(dst), 0, 65535);
     case DT_INT64:
-      return fill_varints(v, limit, in.count, static_cast<int64_t*>(dst), [](uint64_t raw, int64_t& out) {
+      return fill_varints(v, limit, static_cast<int64_t*>(dst), static_cast<int64_t*>(dst) + in.count,
+                          [](uint64_t raw, int64_t& out) {
         out = int64_t(raw);
         return true;
       });
     case DT_BOOL:
-      return fill_varints(v, limit, in.count, static_cast<uint8_t*>(dst), [](uint64_t raw, uint8_t& out) {
+      return fill_varints(v, limit, static_cast<uint8_t*>(dst), static_cast<uint8_t*>(dst) + in.count,
+                          [](uint64_t raw, uint8_t& out) {
         out = raw != 0;
         return true;
       });

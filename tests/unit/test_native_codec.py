@@ -112,13 +112,24 @@ def _assert_same(data: bytes) -> str:
     return kind
 
 
-def test_valid_requests_decode_natively_and_equal_the_reference():
+@pytest.fixture(params=[False, True], ids=["portable", "pext"])
+def varint_path(request):
+    """Each varint decoder in turn (wire.h: the portable mask-and-shift one, BMI2's pext where
+    the CPU runs it fast); the CPU's choice again afterwards."""
+    chosen = native.MODULE.varint_pext()
+    if native.MODULE.varint_pext(request.param) != request.param:
+        pytest.skip("this CPU has no fast pext (BMI2), so the decoder never takes that path here")
+    yield request.param
+    native.MODULE.varint_pext(chosen)
+
+
+def test_valid_requests_decode_natively_and_equal_the_reference(varint_path):
     for data in _valid_requests():
         assert native.MODULE.decode(FAST._plan, data) is not None  # the fast path took it
         assert _assert_same(data) == "ok"
 
 
-def test_invalid_requests_give_the_reference_errors():
+def test_invalid_requests_give_the_reference_errors(varint_path):
     good = _valid_requests()[3]
     feeds = _feeds(np.random.default_rng(1), 2)
     cases = [
@@ -151,7 +162,7 @@ def test_invalid_requests_give_the_reference_errors():
         assert _assert_same(data) == "error", data[:40]
 
 
-def test_fuzzed_requests_agree_with_the_reference():
+def test_fuzzed_requests_agree_with_the_reference(varint_path):
     rng = random.Random(1234)
     corpus = _valid_requests()[:9]
     outcomes = {"ok": 0, "error": 0}
@@ -168,6 +179,64 @@ def test_fuzzed_requests_agree_with_the_reference():
                 del data[pos:pos + rng.randint(1, 8)]
         outcomes[_assert_same(bytes(data))] += 1
     assert outcomes["ok"] and outcomes["error"]  # the mutations reach both kinds of outcome
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _len_field(field: int, payload: bytes) -> bytes:
+    return _varint(field << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _ids_entry(payload: bytes, count: int) -> bytes:
+    """The PredictRequest field holding input "ids" (int64, shape [count]) with `payload` as its
+    packed int64_val bytes, valid or not."""
+    array = b"\x08\x09" + _len_field(2, _len_field(1, _varint(count))) + _len_field(7, payload)
+    return _len_field(2, _len_field(1, b"ids") + _len_field(2, array))
+
+
+def test_varint_payloads_of_every_length_and_malformed_ones(varint_path):
+    """int64 payloads written byte by byte, so varints of 1 to 10 bytes and malformed ones sit at
+    every offset from the 64-byte blocks the decoder reads at a time, with the payload last in the
+    message (nothing readable past it) or not: the reference's values, or its outcome."""
+    rng, pick = np.random.default_rng(11), random.Random(11)
+    others = codec.encode_request({k: v for k, v in _feeds(rng, 3).items() if k != "ids"})
+    taken = 0
+    for case in range(300):
+        count = int(rng.integers(0, 200))
+        sizes = [pick.randint(1, 10) for _ in range(count)]  # bytes per varint
+        values = [pick.randrange(1 << 7 * (n - 1) if n > 1 else 0, min(1 << 7 * n, 1 << 64)) for n in sizes]
+        payload = bytearray(b"".join(_varint(v) for v in values))
+        assert len(payload) == sum(sizes)
+        kind = case % 6
+        if kind == 1:  # an 11-byte varint
+            at = pick.randint(0, len(payload))
+            payload[at:at] = b"\xff" * 10 + b"\x01"
+        elif kind == 2:  # a 10-byte varint whose 10th byte is over 1
+            at = int(rng.integers(0, len(payload) + 1))
+            payload[at:at] = b"\x80" * 9 + b"\x02"
+        elif kind == 3:  # a run of continuation bytes longer than a block
+            at = int(rng.integers(0, len(payload) + 1))
+            payload[at:at] = b"\x81" * int(rng.integers(60, 140)) + b"\x01"
+        elif kind == 4 and payload:  # the last varint cut short
+            payload[-1] |= 0x80
+        # the shape counts the malformed varint too, so only its bytes can make it invalid
+        shape_count = count + (1 if kind in (1, 2, 3) else 0)
+        if kind == 5:  # one value more or fewer than the shape says
+            shape_count = max(count + pick.choice((-1, 1)), 0)
+        entry = _ids_entry(bytes(payload), shape_count)
+        for data in (others + entry, entry + others):
+            outcome = _assert_same(data)
+            if kind == 0:
+                assert outcome == "ok" and native.MODULE.decode(FAST._plan, data) is not None
+                taken += 1
+    assert taken >= 100
 
 
 def test_rare_dtypes_and_wire_forms_fall_back_to_the_reference():
