@@ -152,8 +152,8 @@ class ModelConfig(BaseModel):
     gpu_ids_list: tuple[int, ...] = ()
     use_multi_stream: bool = False
     # Ours: ONNX Runtime GPU lanes on the native engine (its own sessions with the CUDA provider,
-    # outside Python) instead of the Python binding. Off until shown on a GPU machine; with it on,
-    # in-place parameter updates are refused (a full reload works).
+    # outside Python) instead of the Python binding (tests/gpu, on an H100). Off by default: its
+    # sessions hold their own weights, so in-place parameter updates are refused (a full reload works).
     native_engine_gpu_lanes: bool = False
     enable_device_placement_optimization: bool = False
     # Ours: serve a GPU config on the CPU (same lane count) when no GPU is visible, instead of failing.

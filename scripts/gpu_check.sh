@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Proves ONNX Runtime's GPU path on a host with an NVIDIA GPU (none of it has run on one yet):
+# Proves ONNX Runtime's GPU path on a host with an NVIDIA GPU (it passed on an H100 with
+# onnxruntime-gpu 1.31.1 and no TensorFlow, whose tests then skip: benchmarks/results/gpu.md):
 #   1. the GPU tests (tests/gpu: one device copy of the weights for every session, deltas in
-#      place on GPU lanes, placement on vs off, buffers released after the last session) and the
+#      place on GPU lanes, native-engine GPU lanes for the wire format and for arrays, placement
+#      on vs off, buffers released after the last session) and the
 #      CPU tests of the same mechanisms;
 #   2. benchmarks/bench_gpu.py, which writes benchmarks/results/gpu.{json,md} naming the GPU.
 # Needs an environment with the gpu extra (onnxruntime-gpu and PyTorch with CUDA):

@@ -160,7 +160,7 @@ def _string_graph(nodes, inputs, initializers=()):
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.STRING, [None]) for n in inputs],
                               [helper.make_tensor_value_info("out", TensorProto.INT64, [None])], list(initializers))
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3),
-                                                   helper.make_opsetid("ai.onnx.contrib", 1)])
+                                                   helper.make_opsetid("ai.onnx.contrib", 1)], ir_version=8)
 
 
 def test_string_rewrite_keeps_lookup_inputs_and_hashes_the_others():

@@ -181,12 +181,11 @@ class OnnxRuntimeBackend:
              for device, cpus in map(self._session_target, range(plan.sessions))],
             [d.session for d in plan.lanes], self._global_pools, why_not)
         self._native_gpu_copies = self._engine is not None and plan.on_gpu
-        # arrays run on the engine too (run_arrays) on CPU lanes where no feed needs converting
-        # and every output is numeric; else (GPU lanes: their outputs' copies are the binding's,
-        # proven on a GPU) the binding session runs them
+        # arrays run on the engine too (run_arrays) wherever it serves (GPU lanes: ONNX Runtime
+        # copies the host inputs in and the outputs out, as for the wire format) when no feed
+        # needs converting and every output is numeric; else the binding session runs them
         numeric = all(s.dtype != 7 for s in self.signature.outputs.values())
-        self._array_engine = (self._engine if self._engine is not None and numeric and not self._converted
-                              and not plan.on_gpu else None)
+        self._array_engine = self._engine if self._engine is not None and numeric and not self._converted else None
         self._input_index = {alias: i for i, alias in enumerate(self.signature.inputs)}
         self._output_index = {alias: i for i, alias in enumerate(self.signature.outputs)}
 
