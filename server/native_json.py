@@ -14,7 +14,7 @@
   numbers per input, no Python object per value; :func:`server.http.tfs_json.decode_scan`
   makes its arrays as the reference decodes the parsed body.
 
-Without the extension both always answer None. Pure functions; thread-safe.
+Without the extension each always answers None. Pure functions; thread-safe.
 """
 
 from __future__ import annotations

@@ -154,9 +154,16 @@ bool check_input(const InputSpec& spec, RawArray& a, ParsedInput& in) {
   return true;
 }
 
+// Decodes exactly `count` varints of `v` into `dst` as T through convert(raw, T&) (false: refuse).
+template <typename T, typename C>
+bool fill_n(Span v, const uint8_t* limit, int64_t count, void* dst, C convert) {
+  T* out = static_cast<T*>(dst);
+  return fill_varints(v, limit, out, out + count, convert);
+}
+
 template <typename T>
-bool fill_ints(Span v, const uint8_t* limit, int64_t count, T* dst, int64_t lo, int64_t hi) {
-  return fill_varints(v, limit, dst, dst + count, [lo, hi](uint64_t raw, T& out) {
+bool fill_ints(Span v, const uint8_t* limit, int64_t count, void* dst, int64_t lo, int64_t hi) {
+  return fill_n<T>(v, limit, count, dst, [lo, hi](uint64_t raw, T& out) {
     int64_t x = int64_t(int32_t(uint32_t(raw)));  // int32 field: upb keeps the low 32 bits
     out = T(x);
     return x >= lo && x <= hi;
@@ -226,20 +233,18 @@ bool fill_values(const Plan& plan, const ParsedInput& in, void* dst, const uint8
     case DT_DOUBLE:
       if (v.n) std::memcpy(dst, v.p, v.n);
       return true;
-    case DT_INT32: return fill_ints(v, limit, in.count, static_cast<int32_t*>(dst), INT32_MIN, INT32_MAX);
-    case DT_UINT8: return fill_ints(v, limit, in.count, static_cast<uint8_t*>(dst), 0, 255);
-    case DT_INT8: return fill_ints(v, limit, in.count, static_cast<int8_t*>(dst), -128, 127);
-    case DT_INT16: return fill_ints(v, limit, in.count, static_cast<int16_t*>(dst), -32768, 32767);
-    case DT_UINT16: return fill_ints(v, limit, in.count, static_cast<uint16_t*>(dst), 0, 65535);
+    case DT_INT32: return fill_ints<int32_t>(v, limit, in.count, dst, INT32_MIN, INT32_MAX);
+    case DT_UINT8: return fill_ints<uint8_t>(v, limit, in.count, dst, 0, 255);
+    case DT_INT8: return fill_ints<int8_t>(v, limit, in.count, dst, -128, 127);
+    case DT_INT16: return fill_ints<int16_t>(v, limit, in.count, dst, -32768, 32767);
+    case DT_UINT16: return fill_ints<uint16_t>(v, limit, in.count, dst, 0, 65535);
     case DT_INT64:
-      return fill_varints(v, limit, static_cast<int64_t*>(dst), static_cast<int64_t*>(dst) + in.count,
-                          [](uint64_t raw, int64_t& out) {
+      return fill_n<int64_t>(v, limit, in.count, dst, [](uint64_t raw, int64_t& out) {
         out = int64_t(raw);
         return true;
       });
     case DT_BOOL:
-      return fill_varints(v, limit, static_cast<uint8_t*>(dst), static_cast<uint8_t*>(dst) + in.count,
-                          [](uint64_t raw, uint8_t& out) {
+      return fill_n<uint8_t>(v, limit, in.count, dst, [](uint64_t raw, uint8_t& out) {
         out = raw != 0;
         return true;
       });

@@ -75,20 +75,6 @@ inline bool skip_value(const uint8_t*& p, const uint8_t* end, uint32_t wire) {
   }
 }
 
-// A varint's value from its first 8 bytes `x` (little-endian: byte i holds bits 7i..7i+6) and
-// its length `len` (1 to 10; `p` its first byte, read for the 9th and 10th): the bytes past it
-// masked off, the 7-bit groups packed in three mask-and-shift steps (ids hashed to 64 bits take
-// 9 or 10 bytes). The caller has checked the 10th byte (0 or 1).
-inline uint64_t varint_value(uint64_t x, size_t len, const uint8_t* p) {
-  if (len < 8) x &= (uint64_t(1) << (8 * len)) - 1;
-  x = ((x & 0x7f007f007f007f00ULL) >> 1) | (x & 0x007f007f007f007fULL);
-  x = ((x & 0x3fff00003fff0000ULL) >> 2) | (x & 0x00003fff00003fffULL);
-  x = ((x & 0x0fffffff00000000ULL) >> 4) | (x & 0x000000000fffffffULL);
-  if (len > 8) x |= uint64_t(p[8] & 0x7f) << 56;
-  if (len > 9) x |= uint64_t(p[9]) << 63;
-  return x;
-}
-
 // The value of a varint's first min(len, 8) bytes `x` (little-endian: byte i holds bits
 // 7i..7i+6): the bytes past it masked off, the 7-bit groups packed in three mask-and-shift steps.
 inline uint64_t varint_low(uint64_t x, size_t len) {

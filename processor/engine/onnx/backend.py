@@ -29,11 +29,12 @@ GPU: one CUDA execution provider per session on the lane's GPU (its own compute 
 the CPU provider, the dense part on the lane's device (the CPU too on a host without a GPU);
 a request runs both, through the Python binding.
 
-Native engine (:mod:`.native_engine`): on CPU lanes of an unsplit graph, a second set of
-sessions over the same host parameter arrays, created through ONNX Runtime's C API, serves whole wire requests without the GIL
-(:meth:`wire_server`) and, on CPU lanes where no input needs converting and every output is
-numeric, the arrays of every other front-end (:meth:`run`: TF Serving, KServe v2); the binding sessions above
-serve everything else (what the engine does not take or refuses, warm-up, traces).
+Native engine (:mod:`.native_engine`): on CPU lanes of an unsplit graph (GPU lanes too with
+``native_engine_gpu_lanes``, its own CUDA sessions), a second set of sessions over the same
+host parameter arrays, created through ONNX Runtime's C API, serves whole wire requests without
+the GIL (:meth:`wire_server`) and, where no input needs converting and every output is numeric,
+the arrays of every other front-end (:meth:`run`: TF Serving, KServe v2); the binding sessions
+above serve everything else (what the engine does not take or refuses, warm-up, traces).
 
 Parameter updates (hot update): :meth:`update_parameter` writes new values, whole or by rows,
 into the shared buffers in place (every copy: the host's and each GPU's); every session sees
