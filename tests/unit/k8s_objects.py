@@ -1,15 +1,17 @@
-"""The objects of deploy/kubernetes (loaded with PyYAML), shared by tests/unit/test_deploy_manifests.py
-and tests/e2e/deploy/test_deploy_render.py."""
+"""The objects of deploy/kubernetes (loaded with PyYAML), shared by tests/unit/test_deploy_manifests.py,
+tests/unit/test_deploy_kserve.py and tests/e2e/deploy/test_deploy_render.py."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "kubernetes"
+KSERVE = K8S / "kserve"
 
 # files of deploy/kubernetes that are not Kubernetes objects
 NOT_OBJECTS = {"kustomization.yaml", "prometheus-adapter-values.yaml"}
@@ -50,3 +52,18 @@ def pod() -> dict:
 
 def template_json() -> dict:
     return json.loads(one("ConfigMap", "serving-processor-config")["data"]["deployment.json"])
+
+
+def kserve(kind: str) -> dict:
+    """The one object of ``kind`` in deploy/kubernetes/kserve (ServingRuntime, InferenceService)."""
+    docs = [d for p in sorted(KSERVE.glob("*.yaml")) for d in load(p) if d["kind"] == kind]
+    assert len(docs) == 1
+    return docs[0]
+
+
+def server_routes() -> set[str]:
+    """Every path the HTTP server routes (decorators of server/http/*.py)."""
+    out: set[str] = set()
+    for path in (ROOT / "server" / "http").glob("*.py"):
+        out |= set(re.findall(r'@\w+\.(?:get|post|put|delete|api_route)\(\s*"([^"]+)"', path.read_text()))
+    return out

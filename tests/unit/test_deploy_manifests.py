@@ -5,47 +5,37 @@ the server and with docs/scaling-out.md.
   kubernetes-validate package in strict mode (unknown fields are errors, as `kubectl apply`'s
   server-side strict field validation makes them) against every Kubernetes version it bundles
   from 1.25 on. It ships the schemas; nothing is fetched.
-* KServe's ServingRuntime and InferenceService are validated against the openAPIV3Schema of
-  KServe's own CRDs, vendored unmodified in tests/data/kserve (source and checksums in its
-  README.md), made strict the same way.
+* KServe's objects (deploy/kubernetes/kserve) are validated against KServe's own CRDs in
+  tests/unit/test_deploy_kserve.py.
 * The deployment JSON inside the ConfigMap is rendered by the render-config init container's own
-  script run as a process: tests/e2e/deploy/test_deploy_render.py. The KServe runtime's
-  launcher script is run (in this process) on each model layout it accepts.
+  script run as a process: tests/e2e/deploy/test_deploy_render.py.
 """
 
 from __future__ import annotations
 
 import copy
-import functools
-import gzip
-import hashlib
 import json
-import os
 import re
-import sys
-from pathlib import Path
-from typing import Any
 
 import pytest
 
 yaml = pytest.importorskip("yaml")
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate (dev extra) not installed")
-jsonschema = pytest.importorskip("jsonschema")
 
 from processor.config import ModelConfig  # noqa: E402
 from processor.deployment import DeploymentConfig  # noqa: E402
 
-from unit.k8s_objects import K8S, ROOT  # noqa: E402
+from unit.k8s_objects import K8S, KSERVE, ROOT  # noqa: E402
 from unit.k8s_objects import container as _container  # noqa: E402
 from unit.k8s_objects import deployment as _deployment  # noqa: E402
+from unit.k8s_objects import kserve as _kserve  # noqa: E402
 from unit.k8s_objects import load as _load  # noqa: E402
 from unit.k8s_objects import objects as _objects  # noqa: E402
 from unit.k8s_objects import one as _one  # noqa: E402
 from unit.k8s_objects import pod as _pod  # noqa: E402
+from unit.k8s_objects import server_routes as _server_routes  # noqa: E402
 from unit.k8s_objects import template_json as _template_json  # noqa: E402
 
-KSERVE = K8S / "kserve"
-CRDS = ROOT / "tests" / "data" / "kserve"
 DOC = ROOT / "docs" / "scaling-out.md"
 OLDEST_K8S = "1.25"
 
@@ -113,163 +103,7 @@ def test_validation_is_offline(monkeypatch):
         kubernetes_validate.validate(doc, _versions()[-1], strict=True)
 
 
-@functools.lru_cache(maxsize=None)
-def _crd_schema(filename: str, api_version: str, kind: str) -> dict:
-    path = CRDS / filename
-    data = gzip.decompress(path.read_bytes())
-    readme = (CRDS / "README.md").read_text()
-    digest = hashlib.sha256(data).hexdigest()
-    assert digest in readme, f"{filename}: sha256 {digest} is not the one tests/data/kserve/README.md records"
-    crd = yaml.load(data, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # 2 MB: libyaml when there
-    assert crd["kind"] == "CustomResourceDefinition" and crd["spec"]["names"]["kind"] == kind
-    group, version = api_version.split("/")
-    assert crd["spec"]["group"] == group
-    for v in crd["spec"]["versions"]:
-        if v["name"] == version:
-            assert v["served"], f"{api_version} {kind} is not served by this CRD"
-            return _strict(v["schema"]["openAPIV3Schema"])
-    raise AssertionError(f"the CRD has no version {version}")
-
-
-def _strict(schema: Any) -> Any:
-    """Unknown fields become errors, as the API server's strict field validation makes them
-    (structural schemas prune them otherwise): every object schema that lists properties and
-    neither allows other keys nor preserves unknown fields gets additionalProperties: false."""
-    if isinstance(schema, list):
-        return [_strict(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: (_strict(v) if k != "properties" else {p: _strict(s) for p, s in v.items()})
-           for k, v in schema.items()}
-    if ("properties" in out and "additionalProperties" not in out
-            and not out.get("x-kubernetes-preserve-unknown-fields")):
-        out["additionalProperties"] = False
-    return out
-
-
-def _crd_validator(doc: dict) -> jsonschema.protocols.Validator:
-    files = {"ServingRuntime": "serving.kserve.io_servingruntimes.yaml.gz",
-             "InferenceService": "serving.kserve.io_inferenceservices.yaml.gz"}
-    schema = _crd_schema(files[doc["kind"]], doc["apiVersion"], doc["kind"])
-    # OpenAPI 3.0 schema objects: JSON Schema draft 4 semantics (exclusiveMinimum is a boolean)
-    return jsonschema.Draft4Validator(schema)
-
-
-def _kserve(kind: str) -> dict:
-    docs = [d for p in sorted(KSERVE.glob("*.yaml")) for d in _load(p) if d["kind"] == kind]
-    assert len(docs) == 1
-    return docs[0]
-
-
-@pytest.mark.parametrize("kind", ["ServingRuntime", "InferenceService"])
-def test_kserve_objects_validate_against_kserves_crds(kind):
-    doc = _kserve(kind)
-    errors = sorted(_crd_validator(doc).iter_errors(doc), key=lambda e: list(e.path))
-    assert not errors, "\n".join(f"{'.'.join(map(str, e.path))}: {e.message}" for e in errors)
-    assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", doc["metadata"]["name"])
-
-
-def test_kserve_validation_can_fail():
-    runtime = _kserve("ServingRuntime")
-    validator = _crd_validator(runtime)
-    typo = copy.deepcopy(runtime)
-    typo["spec"]["supportedModelFormat"] = typo["spec"].pop("supportedModelFormats")
-    wrong_type = copy.deepcopy(runtime)
-    wrong_type["spec"]["supportedModelFormats"][0]["autoSelect"] = "false"
-    no_containers = copy.deepcopy(runtime)
-    del no_containers["spec"]["containers"]
-    nested_typo = copy.deepcopy(runtime)
-    nested_typo["spec"]["containers"][0]["readinesProbe"] = nested_typo["spec"]["containers"][0].pop("readinessProbe")
-    for bad in (typo, wrong_type, no_containers, nested_typo):
-        assert list(validator.iter_errors(bad)), bad
-    isvc = _kserve("InferenceService")
-    bad = copy.deepcopy(isvc)
-    bad["spec"]["predictor"]["scaleMetric"] = "in-flight"  # not one of KServe's enum values
-    assert list(_crd_validator(isvc).iter_errors(bad))
-
-
-def test_kserve_runtime_declares_our_formats_and_protocols():
-    runtime = _kserve("ServingRuntime")
-    spec = runtime["spec"]
-    formats = {(f["name"], f.get("version")) for f in spec["supportedModelFormats"]}
-    assert formats == {("tensorflow", "1"), ("tensorflow", "2"), ("onnx", "1")}
-    # KServe's protocol names (pkg/constants: v1, v2, grpc-v1, grpc-v2): v1 / grpc-v1 are TF
-    # Serving's REST and gRPC APIs, v2 / grpc-v2 the Open Inference Protocol
-    assert spec["protocolVersions"] == ["v1", "grpc-v1", "v2", "grpc-v2"]
-    container = spec["containers"][0]
-    assert container["name"] == "kserve-container" and "{{.Name}}" in container["args"]
-    assert container["readinessProbe"]["httpGet"]["path"] in _routes()
-    assert container["livenessProbe"]["httpGet"]["path"] in _routes()
-    isvc = _kserve("InferenceService")
-    model = isvc["spec"]["predictor"]["model"]
-    assert model["runtime"] == runtime["metadata"]["name"]
-    assert (model["modelFormat"]["name"], model["modelFormat"]["version"]) in formats
-    assert model["protocolVersion"] in spec["protocolVersions"]
-    ModelConfig.from_dict({"savedmodel_dir": "/mnt/models/savedmodel",
-                           **json.loads(next(e["value"] for e in model["env"] if e["name"] == "SP_MODEL_CONFIG"))})
-
-
-class _Exec(Exception):
-    pass
-
-
-def _run_launcher(tmp_path: Path, monkeypatch) -> dict:
-    """Run the ServingRuntime's launcher script here (its exec stopped); the deployment it wrote."""
-    container = _kserve("ServingRuntime")["spec"]["containers"][0]
-    assert container["command"] == ["python", "-c"]
-    script, name_arg = container["args"]
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
-    monkeypatch.setattr(sys, "argv", ["-c", name_arg.replace("{{.Name}}", "demo")])
-
-    def fake_exec(file, args):
-        raise _Exec(file, args)
-
-    monkeypatch.setattr(os, "execvp", fake_exec)
-    with pytest.raises(_Exec) as info:
-        exec(compile(script, "servingruntime.yaml", "exec"), {"__name__": "__main__"})
-    file, args = info.value.args
-    assert file == "serving-processor" and args[:2] == ["serving-processor", "--config"]
-    return json.loads(Path(args[2]).read_text())
-
-
-@pytest.mark.parametrize("layout", ["processor", "onnx", "savedmodel", "store"])
-def test_kserve_launcher_writes_a_valid_deployment(layout, tmp_path, monkeypatch):
-    models = tmp_path / "models"
-    models.mkdir()
-    extra: dict[str, Any] = {"session_num": 2}
-    if layout == "processor":
-        (models / "savedmodel").mkdir()
-        (models / "checkpoints").mkdir()
-        want = {"savedmodel_dir": f"{models}/savedmodel", "checkpoint_dir": f"{models}/checkpoints"}
-    elif layout == "onnx":
-        (models / "model.onnx").write_bytes(b"")
-        want = {"savedmodel_dir": f"{models}/model.onnx"}
-    elif layout == "savedmodel":
-        (models / "saved_model.pb").write_bytes(b"")
-        want = {"savedmodel_dir": str(models)}
-    else:
-        extra.update(model_store_type="s3", savedmodel_dir="s3://b/demo/savedmodel",
-                     checkpoint_dir="s3://b/demo/checkpoints")
-        want = {"savedmodel_dir": "s3://b/demo/savedmodel", "checkpoint_dir": "s3://b/demo/checkpoints"}
-    monkeypatch.setenv("SP_MODEL_DIR", str(models))
-    monkeypatch.setenv("SP_MODEL_CONFIG", json.dumps(extra))
-    written = _run_launcher(tmp_path, monkeypatch)
-    dep = DeploymentConfig.from_dict(written)
-    assert dep.host == "0.0.0.0" and (dep.http_port, dep.grpc_port) == (8080, 8500)
-    (entry,) = dep.models
-    assert entry.name == "demo" and entry.config.session_num == 2
-    assert {k: v for k, v in written["models"][0]["model_config"].items() if k in want} == want
-
-
 # --- the pieces agree ------------------------------------------------------------------------
-
-
-def _routes() -> set[str]:
-    """Every path the HTTP server routes (decorators of server/http/*.py)."""
-    out: set[str] = set()
-    for path in (ROOT / "server" / "http").glob("*.py"):
-        out |= set(re.findall(r'@\w+\.(?:get|post|put|delete|api_route)\(\s*"([^"]+)"', path.read_text()))
-    return out
 
 
 def _exported_metrics() -> set[str]:
@@ -300,7 +134,7 @@ def test_server_container_matches_the_deployment_json():
 def test_probes_are_the_servers_and_the_drain_fits_the_grace_period():
     pod = _pod()
     server = _container(pod, "server")
-    routes = _routes()
+    routes = _server_routes()
     assert server["readinessProbe"]["httpGet"]["path"] in {"/readyz", "/v2/health/ready"} & routes
     assert server["livenessProbe"]["httpGet"]["path"] in {"/healthz", "/v2/health/live"} & routes
     assert server["startupProbe"]["httpGet"]["path"] in {"/healthz", "/v2/health/live"} & routes
@@ -353,7 +187,7 @@ def test_selectors_service_pdb_and_hpa_target_the_pods():
     assert (target["kind"], target["name"]) == ("Deployment", dep["metadata"]["name"])
     assert hpa["spec"]["minReplicas"] >= 2 and pdb["spec"]["maxUnavailable"] < hpa["spec"]["minReplicas"]
     annotations = dep["spec"]["template"]["metadata"]["annotations"]
-    assert annotations["prometheus.io/path"] in _routes()
+    assert annotations["prometheus.io/path"] in _server_routes()
     assert int(annotations["prometheus.io/port"]) == _template_json()["http_port"]
 
 
@@ -407,7 +241,7 @@ def test_doc_names_only_what_exists():
     for metric in set(re.findall(r"\b(sp_[a-z_]+)\b", doc)):
         assert metric in exported, f"docs/scaling-out.md names metric {metric}, not exported"
     # HTTP paths the doc calls
-    routes = _routes()
+    routes = _server_routes()
     patterns = [re.compile("^" + re.sub(r"\\\{[^}]+\\\}", lambda m: ".+" if ":path" in m.group() else "[^/]+",
                                         re.escape(r)) + "$") for r in routes]
     for path in set(re.findall(r"(?<![\w.])(/(?:healthz|readyz|metrics|v1/models|v2/[\w/]+|admin/[\w/]+|api/[\w/]+)[\w/{}:.-]*)", doc)):
@@ -555,36 +389,3 @@ def test_tls_overlay_builds_with_kustomize(tmp_path):
             "Certificate/serving-processor-tls"} <= set(built) <= set(ours)
     for key, doc in built.items():  # what kustomize made is what the tests above checked
         assert doc == ours[key], key
-
-
-KSERVE_TLS = KSERVE / "tls" / "inferenceservice.yaml"
-
-
-def test_kserve_tls_variant_validates_and_agrees(tmp_path, monkeypatch):
-    (isvc,) = _load(KSERVE_TLS)
-    errors = sorted(_crd_validator(isvc).iter_errors(isvc), key=lambda e: list(e.path))
-    assert not errors, "\n".join(f"{'.'.join(map(str, e.path))}: {e.message}" for e in errors)
-    predictor = isvc["spec"]["predictor"]
-    model = predictor["model"]
-    runtime = _kserve("ServingRuntime")
-    assert model["runtime"] == runtime["metadata"]["name"]
-    assert isvc["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "RawDeployment"
-    env = {e["name"]: e["value"] for e in model["env"]}
-    (tmp_path / "models" / "savedmodel").mkdir(parents=True)
-    monkeypatch.setenv("SP_MODEL_DIR", str(tmp_path / "models"))
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    dep = DeploymentConfig.from_dict(_run_launcher(tmp_path, monkeypatch))
-    assert dep.http_tls_on and dep.grpc_tls_on and dep.host == "0.0.0.0"
-    volumes = {v["name"]: v for v in predictor["volumes"]}
-    mount = {m["name"]: m for m in model["volumeMounts"]}["tls"]
-    assert mount["readOnly"] and volumes["tls"]["secret"]["defaultMode"] == 0o440
-    assert predictor["securityContext"]["fsGroup"] == runtime["spec"]["containers"][0]["securityContext"]["runAsUser"]
-    for path, key in ((dep.tls_cert_file, "tls.crt"), (dep.tls_key_file, "tls.key"), (dep.tls_client_ca_file, "ca.crt")):
-        assert path == f"{mount['mountPath']}/{key}"
-    from server.http.health_port import PATHS
-
-    for probe in ("readinessProbe", "livenessProbe"):
-        assert model[probe]["httpGet"]["port"] == dep.health_port and model[probe]["httpGet"]["path"] in PATHS
-    assert int(isvc["metadata"]["annotations"]["prometheus.kserve.io/port"]) == dep.health_port
-    assert runtime["spec"]["annotations"]["prometheus.kserve.io/path"] in PATHS
