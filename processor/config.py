@@ -40,6 +40,7 @@ from .batching.settings import BatchingConfig
 from .echo import shorten  # also imported from here by the engines and the deployment
 from .errors import ConfigError
 from .prediction_log.settings import LoggingConfig
+from .store.version_policy import VersionPolicy
 
 # Keys of DeepRec/EAS model_config files that this processor accepts and does not use.
 FOREIGN_KEYS: frozenset[str] = frozenset({
@@ -179,6 +180,9 @@ class ModelConfig(BaseModel):
     warmup_batch_sizes: tuple[int, ...] | None = None
     file_system_poll_wait_seconds: float = Field(2.0, ge=0)
     restore_model_version: int | None = Field(None, ge=0)
+    # Ours (TF Serving's model_version_policy): which versions serve side by side; the default
+    # serves the newest only. A JSON object, its keys strict (processor/store/version_policy.py).
+    model_version_policy: VersionPolicy = Field(default_factory=VersionPolicy, strict=False)
     # Ours: "cumulative" deltas (DeepRec's: each holds every change since its full) or "chain"
     # (each holds the changes since the previous delta; a version applies all of them in order).
     delta_mode: Literal["cumulative", "chain"] = "cumulative"

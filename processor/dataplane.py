@@ -30,6 +30,15 @@ decoded, its outputs or its error, the version and signature that served it) thr
 logger's queue, off the request's path (wire bytes are decoded on the writer thread; a view of
 the caller's buffer is copied first). Models without logging pay one truthiness check.
 
+Versions: a call naming a version (or a label, resolved by the model's
+:class:`~processor.routing.VersionRouter`) runs on that served version's group (NOT_FOUND when it
+is not served); one naming neither runs on the default (the newest) unless the model splits its
+traffic, when the router picks the arm by the call's ``routing_key``. A model with a shadow gets
+a copy of such calls offered to its :class:`~processor.shadow.ShadowRunner` once the primary has
+answered (never before, never waited for); the copy runs through :meth:`DataPlane.predict` on
+the shadow version, and a sampled one is logged marked as shadow. The version that answered
+(and the arm) is written into the edge's ``answer_note_var`` note, when it set one.
+
 Timeline tracing: a model with a :class:`~processor.tracing.Tracer` has each predict request
 counted; the requests it picks run the same path with every stage timed (parse, acquire, decode,
 run, encode inside ``request``) and the engine's full per-op trace. Untraced requests pay one
@@ -50,8 +59,9 @@ from .batching.model_batching import ModelBatching
 from .prediction_log import PredictionLogger
 from .prediction_log.record import Pending
 from .errors import ProcessorError, as_processor_error, result_or_error
-from .request import (PredictCall, PredictResult, PreparedCall, Served, check_call, check_deadline, requested_version,
-                      wire_call, wire_result)
+from .request import (PredictCall, PredictResult, PreparedCall, Served, answer_note_var, check_call, check_deadline,
+                      version_number, wire_call, wire_result)
+from .routing import VersionRouter
 from .served_model import ModelRegistry
 from .tracing import TraceRecorder
 from .tracing.tracer import now_us
@@ -67,7 +77,10 @@ class DataPlane:
     def __init__(self, models: ModelRegistry) -> None:
         self._registry = models
         self._managers = {m.name: m.manager for m in models}
-        self._labels = {m.name: m.version_labels for m in models}
+        self._routers: dict[str, VersionRouter] = {m.name: m.router for m in models}
+        self._shadows = {m.name: m.shadow for m in models}
+        for runner in self._shadows.values():
+            runner.run = self._run_shadow
         self._batching = {m.name: m.batching for m in models if m.batching is not None}
         # Only tracers with traces left; emptied as they finish, so the hot path stays one check.
         self._tracers = {m.name: m.tracer for m in models if m.tracer is not None and not m.tracer.done}
@@ -91,17 +104,24 @@ class DataPlane:
         manager = self._managers.get(model)
         if manager is None:
             self._registry.get(model)  # raises NotFound with the list of models
-        version = self._version(call)
+        router = self._routers[model]
+        version = self._version(call, router)
         rec = self._begin_trace(model) if self._tracers else None
+        result = None
         if self._loggers:
             logger = self._loggers.get(model)
             if logger is not None and (call.inputs or call.inputs.__class__ not in _WIRE):  # not a ping
                 pending = logger.begin(call)
                 if pending is not None:
-                    return self._logged(logger, pending, manager, call, version, rec)
-        if rec is not None:
-            return self._traced(manager, call, version, rec)
-        return self._call(manager, call, version, None)
+                    result = self._logged(logger, pending, manager, call, version, rec)
+        if result is None:
+            if rec is not None:
+                result = self._traced(manager, call, version, rec)
+            else:
+                result = self._call(manager, call, version, None)
+        if router.routing.shadow is not None:
+            self._shadow(router, call, result)
+        return result
 
     def try_inline(self, call: PredictCall, max_bytes: int) -> PredictResult | None:
         """:meth:`predict` of ``call`` here and now when it is a small request the engine
@@ -123,7 +143,8 @@ class DataPlane:
         manager = self._managers.get(model)
         if manager is None:
             return None
-        version = self._version(call)
+        router = self._routers[model]
+        version = self._version(call, router)
         logger = self._loggers.get(model) if self._loggers else None
         pending = logger.begin(call) if logger is not None else None
         if pending is not None:
@@ -132,6 +153,8 @@ class DataPlane:
             result = self._call(manager, call, version, None, inline=True)
         if self._inlined.get(model) is not (result is not None):
             self._inlined[model] = result is not None
+        if result is not None and router.routing.shadow is not None:
+            self._shadow(router, call, result)
         return result
 
     def prepare(self, call: PredictCall) -> PreparedCall | None:
@@ -148,21 +171,23 @@ class DataPlane:
         version = self._version(call)
 
         def check(group):
-            served = (check_call(model, group, version, call.signature_name)
-                      if version is not None or call.signature_name else group)
+            served = check_call(model, group, None, call.signature_name) if call.signature_name else group
             return group, served, codec.decode_arrays(inputs, call.output_filter, served.signature, call.check_shapes)
-        group, served, decoded = _on_served(manager, check)
+        group, served, decoded = _on_served(manager, check, version)
         feeds = decoded.feeds
         if any(a.dtype.kind not in "biufc" for a in feeds.values()):
             return None
         return PreparedCall(model, weakref.ref(group), weakref.ref(served),
                             tuple((alias, a.dtype, a.shape) for alias, a in feeds.items()),
-                            decoded.fetches, tuple(alias for _, alias in decoded.fetches))
+                            decoded.fetches, tuple(alias for _, alias in decoded.fetches), version)
 
     def prepares(self, model: str) -> bool:
         """Whether :meth:`prepare` may prepare ``model``'s calls: none of them takes another
-        path (batching, tracing, prediction logging)."""
-        return model not in self._batching and model not in self._tracers and model not in self._loggers
+        path (batching, tracing, prediction logging, a traffic split or a shadow)."""
+        if model in self._batching or model in self._tracers or model in self._loggers:
+            return False
+        router = self._routers.get(model)
+        return router is None or (not router.routing.arms and router.routing.shadow is None)
 
     def run_prepared(self, prepared: PreparedCall, feeds: dict[str, np.ndarray],
                      deadline: float | None = None) -> PredictResult | None:
@@ -173,7 +198,7 @@ class DataPlane:
         model = prepared.model
         if deadline is not None:
             check_deadline(model, deadline)
-        if self._tracers and model in self._tracers:
+        if (self._tracers and model in self._tracers) or not self.prepares(model):
             return None
 
         def run(group) -> PredictResult | None:
@@ -181,9 +206,10 @@ class DataPlane:
             if group is not prepared.group() or served is None:
                 return None
             arrays = served.run(feeds, prepared.aliases)
+            _note(group.version)
             return PredictResult({key: array for (key, _), array in zip(prepared.fetches, arrays)},
                                  group.version, served.signature)
-        return _on_served(self._managers[model], run)
+        return _on_served(self._managers[model], run, prepared.version)
 
     def batches(self, model: str) -> bool:
         """Whether ``model`` batches its requests (``batching`` in its model_config)."""
@@ -202,12 +228,16 @@ class DataPlane:
         if (batching is None or inputs.__class__ not in _WIRE or not inputs or model in self._tracers
                 or model in self._loggers):
             return None
-        version = self._version(call)
-        handle = self._managers[model].acquire_handle()
+        router = self._routers[model]
+        if router.routing.shadow is not None:
+            return None  # predict offers the shadow its copy
+        version = self._version(call, router)
+        handle = self._managers[model].acquire_handle(version)
         try:
             group = handle.group
-            if version is not None or call.signature_name:
-                group = check_call(model, group, version, call.signature_name)
+            _note(group.version)
+            if call.signature_name:
+                group = check_call(model, group, None, call.signature_name)
             queued = batching.queue(group, inputs, call.deadline, notify_fd)
         except ProcessorError:
             handle.release()
@@ -220,14 +250,47 @@ class DataPlane:
             return None
         return BatchedCall(handle, group, queued)
 
-    def _version(self, call: PredictCall) -> int | None:
-        """The version ``call`` asks for, its label resolved; DeadlineExceeded when its deadline
-        passed already (a served model's call)."""
+    def _version(self, call: PredictCall, router: VersionRouter | None = None) -> int | None:
+        """The version number ``call`` runs on: the one it names, its label resolved, else its
+        traffic arm's (None: the default). DeadlineExceeded when its deadline passed already (a
+        served model's call)."""
         if call.deadline is not None:
             check_deadline(call.model, call.deadline)
+        if router is None:
+            router = self._routers[call.model]
         if call.label is not None:
-            return requested_version(call.model, call.version, call.label, self._labels[call.model])
+            return router.resolve(call.version, call.label)
+        if call.version is None and router.routing.arms:
+            chosen = router.choose(call.routing_key)
+            if chosen is not None:
+                note = answer_note_var.get()
+                if note is not None:
+                    note[1] = chosen[1]
+                return chosen[0]
         return call.version
+
+    def _shadow(self, router: VersionRouter, call: PredictCall, result: PredictResult) -> None:
+        """Offer a copy of ``call`` to its model's shadow version when the call named no version
+        and another version answered it (never raising: the primary has its answer)."""
+        routing = router.routing
+        number = routing.shadow
+        if call.version is not None or call.label is not None or number is None or result.introspection:
+            return
+        if version_number(result.version) == number or not self._managers[call.model].serves(number):
+            return
+        shadow = routing.settings.shadow
+        self._shadows[call.model].offer(call, number, shadow.fraction, shadow.max_queued)
+
+    def _run_shadow(self, call: PredictCall) -> PredictResult:
+        """A shadow copy (its ``version`` set), run as :meth:`predict` runs a call; a sampled
+        one is logged marked as shadow."""
+        manager = self._managers[call.model]
+        logger = self._loggers.get(call.model) if self._loggers else None
+        pending = logger.begin(call) if logger is not None else None
+        if pending is not None:
+            pending.shadow = True
+            return self._logged(logger, pending, manager, call, call.version, None)
+        return self._call(manager, call, call.version, None)
 
     def runs_in_place(self, model: str) -> bool:
         """Whether ``model``'s small requests may run on the caller's own thread, an event loop:
@@ -286,18 +349,21 @@ class DataPlane:
         call's ``pending`` learns the group. ``inline``: None, having run nothing, unless the
         group serves natively (:meth:`try_inline`)."""
         if rec is None:
-            handle = manager.acquire_handle()
+            handle = manager.acquire_handle(version)
         else:
             with rec.stage("acquire"):
-                handle = manager.acquire_handle()
+                handle = manager.acquire_handle(version)
         try:
             group = handle.group
             if inline and not group.serves_natively:
                 return None
             if pending is not None:
                 pending.group = group
-            if version is not None or call.signature_name:
-                group = check_call(call.model, group, version, call.signature_name)
+            note = answer_note_var.get()
+            if note is not None:
+                note[0] = group.version
+            if call.signature_name:
+                group = check_call(call.model, group, None, call.signature_name)
             inputs = call.inputs
             if rec is None and inputs.__class__ in _WIRE and inputs and call.model not in self._batching:
                 return wire_result(group.serve(inputs), group.version, group.signature)
@@ -378,9 +444,10 @@ class DataPlane:
         Raises ProcessorError (the first task's failure)."""
         model = self._registry.get(call.model)
         version = self._version(call)
-        handle = model.manager.acquire_handle()
+        handle = model.manager.acquire_handle(version)
         try:
-            return [self._answer(call, check_call(call.model, handle.group, version, name), None)
+            _note(handle.group.version)
+            return [self._answer(call, check_call(call.model, handle.group, None, name), None)
                     for name in signature_names]
         except ProcessorError:
             raise
@@ -393,12 +460,10 @@ class DataPlane:
         return self.predict(wire_call(name, data)).outputs
 
     def served(self, name: str, version: int | None = None, label: str | None = None) -> Served:
-        """What serves ``name`` (metadata calls), read in one acquire; NOT_FOUND when ``version``
-        (or ``label``'s version) is not the served one."""
+        """What serves ``name`` (metadata calls), read in one acquire: the version ``version`` (or
+        ``label``) names, else the default; NOT_FOUND when that version is not served."""
         model = self._registry.get(name)
-        wanted = requested_version(name, version, label, model.version_labels)
-        with model.manager.acquire() as group:
-            check_call(name, group, wanted, "")
+        with model.manager.acquire(model.router.resolve(version, label)) as group:
             return Served(group.version, group.signature, group.backend.engine_name, group.signatures)
 
     # --- timeline tracing -------------------------------------------------------------------
@@ -428,11 +493,18 @@ def _log_answered(logger: PredictionLogger, name: str, data: bytes | memoryview,
     logger.submit(pending)
 
 
-def _on_served(manager, work):
-    """``work(group)`` on the model's served group, referenced for the call (one acquire);
-    anything it raises is a ProcessorError. (:meth:`DataPlane._call`, the hot path, spells this
-    out: no closure made per request.)"""
-    handle = manager.acquire_handle()
+def _note(version) -> None:
+    """Tell the edge's note (``answer_note_var``), if it set one, which version answered."""
+    note = answer_note_var.get()
+    if note is not None:
+        note[0] = version
+
+
+def _on_served(manager, work, version: int | None = None):
+    """``work(group)`` on the model's served group ``version`` (None: the default), referenced
+    for the call (one acquire); anything it raises is a ProcessorError. (:meth:`DataPlane._call`,
+    the hot path, spells this out: no closure made per request.)"""
+    handle = manager.acquire_handle(version)
     try:
         return work(handle.group)
     except ProcessorError:

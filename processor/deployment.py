@@ -6,7 +6,10 @@ The EAS-style shape, validated once at start::
       "models": [
         {"name": "ctr", "model_config": {...DeepRec model_config...}},
         {"name": "toy", "model_config": "{\\"savedmodel_dir\\": ...}",     # a JSON string works too
-         "version_labels": {"stable": 1}, "inference_threads": 4}
+         "version_labels": {"stable": 1}, "inference_threads": 4},
+        {"name": "ab", "model_config": {..., "model_version_policy": {"latest": {"num_versions": 2}}},
+         "version_labels": {"stable": 1, "canary": 2}, "traffic": {"stable": 95, "canary": 5},
+         "shadow": {"label": "canary", "fraction": 0.1}}
       ],
       "http_port": 8080, "grpc_port": 8500, "host": "0.0.0.0",
       "max_request_bytes": 67108864, "admin_token_env": "SP_ADMIN_TOKEN",
@@ -32,9 +35,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from .config import (ModelConfig, describe_validation_error, expect_object, parse_json, read_json_file,
                      shorten, unknown_key_message)
 from .errors import ConfigError
+from .routing import LABEL_PATTERN, RoutingSettings, ShadowSettings
 
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$"
-LABEL_PATTERN = r"^[A-Za-z0-9_]+$"  # TF Serving's label grammar
 DEFAULT_HTTP_PORT = 8080
 DEFAULT_GRPC_PORT = 8500
 DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
@@ -54,12 +57,27 @@ class ModelEntry(BaseModel):
     raw_config: dict[str, Any] = Field(default_factory=dict, exclude=True)
     # TF Serving version labels -> version number ("stable": 12)
     version_labels: dict[str, int] = Field(default_factory=dict)
+    # calls naming no version split by a routing key's hash: arm (label or version number) ->
+    # weight; {}: the newest version answers them (processor/routing.py)
+    traffic: dict[str, float] = Field(default_factory=dict)
+    # a copy of a share of those calls run on another version, off the response path
+    shadow: ShadowSettings | None = Field(None, strict=False)
     # worker threads that run this model's requests; default: two per session, and with batching
     # enough to fill a batch (a request waiting for its batch holds a thread)
     inference_threads: int | None = Field(None, ge=1, le=1024)
     # requests that may wait for those threads, from every edge together; one more is refused
     # at once with 503 / UNAVAILABLE (server/model_pool.py); None: no bound
     max_queued_requests: int | None = Field(None, ge=0, le=1_000_000)
+
+    @model_validator(mode="after")
+    def _routing(self) -> ModelEntry:
+        RoutingSettings(version_labels=self.version_labels, traffic=self.traffic, shadow=self.shadow)
+        return self
+
+    @property
+    def routing(self) -> RoutingSettings:
+        """Labels, traffic and shadow as the model's router takes them."""
+        return RoutingSettings(version_labels=self.version_labels, traffic=self.traffic, shadow=self.shadow)
 
     @property
     def lanes(self) -> int:
@@ -292,7 +310,9 @@ class DeploymentConfig(BaseModel):
         if out.get("admin_token"):
             out["admin_token"] = "***"
         out["models"] = [{"name": m.name, "model_config": m.config.redacted(),
-                          "version_labels": m.version_labels, "inference_threads": m.threads,
+                          "version_labels": m.version_labels, "traffic": m.traffic,
+                          "shadow": m.shadow.model_dump() if m.shadow is not None else None,
+                          "inference_threads": m.threads,
                           "max_queued_requests": m.max_queued_requests}
                          for m in self.models]
         return out
@@ -302,7 +322,8 @@ def _model_entry(index: int, item: Any) -> ModelEntry:
     where = f"models[{index}]"
     if not isinstance(item, dict):
         raise ConfigError(f"{where}: expected an object with \"name\" and \"model_config\"")
-    known = {"name", "model_config", "version_labels", "inference_threads", "max_queued_requests"}
+    known = {"name", "model_config", "version_labels", "traffic", "shadow", "inference_threads",
+             "max_queued_requests"}
     name = item.get("name")
     if isinstance(name, str):
         where = f"{where} {shorten(name, 80)}"
@@ -325,7 +346,8 @@ def _model_entry(index: int, item: Any) -> ModelEntry:
                 raise ConfigError(f"{where}.version_labels: label {shorten(label, 80)} must match {LABEL_PATTERN}")
     try:
         return ModelEntry(name=name, model_config=config, raw_config=raw,
-                          version_labels=labels, inference_threads=item.get("inference_threads"),
+                          version_labels=labels, traffic=item.get("traffic", {}), shadow=item.get("shadow"),
+                          inference_threads=item.get("inference_threads"),
                           max_queued_requests=item.get("max_queued_requests"))
     except ValidationError as exc:
         raise ConfigError(describe_validation_error(exc, prefix=f"{where}.")) from None

@@ -36,6 +36,12 @@ from .signature import Signature
 # x-request-id metadata; the server's logs carry it too), "-" elsewhere (the C ABI).
 request_id_var: ContextVar[str] = ContextVar("request_id", default="-")
 
+# Set by an edge's request bookkeeping to a fresh ``[version, arm]`` list that the DataPlane
+# fills in: the ModelVersion that answered and the traffic arm that chose it (None: the call
+# named its version, or the model splits no traffic). A list, not the value itself: the DataPlane
+# may run in a copy of the edge's context (a pool thread), whose own sets the edge never sees.
+answer_note_var: ContextVar[list | None] = ContextVar("answer_note", default=None)
+
 # The inputs of a call: serialized eas PredictRequest bytes (the answer is PredictResponse bytes;
 # empty bytes are DeepRec's introspection ping, answered with the signature JSON), numpy arrays
 # by alias or tensor name, or a decoder that makes them from the served signature (formats whose
@@ -50,7 +56,9 @@ class PredictCall(NamedTuple):
     ``output_filter``: the outputs wanted, by alias or tensor name (arrays and decoders only:
     serialized requests carry their own). ``check_shapes``: arrays and decoders are checked
     against the signature's ranks and fixed dimensions; False is TF Serving's rule (input names,
-    count and dtypes checked; the graph decides the shapes and its refusal is a 400)."""
+    count and dtypes checked; the graph decides the shapes and its refusal is a 400).
+    ``routing_key``: for a call naming no version, what the model's traffic split hashes (one
+    key, one arm: :mod:`processor.routing`); None draws at random."""
 
     model: str
     inputs: Inputs
@@ -60,6 +68,7 @@ class PredictCall(NamedTuple):
     output_filter: Sequence[str] | None = None
     deadline: float | None = None
     check_shapes: bool = True
+    routing_key: str | None = None
 
 
 class PredictResult(NamedTuple):
@@ -90,6 +99,7 @@ class PreparedCall(NamedTuple):
     inputs: tuple[tuple[str, np.dtype, tuple[int, ...]], ...]  # (alias, dtype, shape), as checked
     fetches: tuple[tuple[str, str], ...]  # (response key, output alias)
     aliases: tuple[str, ...]  # the fetched outputs' aliases
+    version: int | None = None  # the version number the call named (None: the default)
 
 # The request path's two constructors. A named tuple's generated constructor fills the defaults
 # in a Python frame of its own; these build the tuple directly, their class bound once (counted
@@ -100,7 +110,7 @@ def wire_call(model: str, data: bytes | bytearray | memoryview, _new=tuple.__new
               _cls=PredictCall) -> PredictCall:
     """``PredictCall(model, data)``: serialized bytes, no options (the C ABI's ``process``).
     Equal to the ordinary construction (tests/unit/test_request.py keeps the defaults in step)."""
-    return _new(_cls, (model, data, None, None, "", None, None, True))
+    return _new(_cls, (model, data, None, None, "", None, None, True, None))
 
 
 def wire_result(outputs: Any, version: Any, signature: Signature, _new=tuple.__new__,
@@ -124,7 +134,8 @@ class Served(NamedTuple):
 
 
 def version_number(version) -> int:
-    """A served version's TF Serving number (see the module doc)."""
+    """A served version's TF Serving number (see the module doc; ``ModelVersion.number``, for
+    any object with a ``full_step``)."""
     return max(version.full_step, 0)
 
 

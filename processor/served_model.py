@@ -26,6 +26,8 @@ from .manager.model_manager import ModelManager
 from .prediction_log import PredictionLogger
 from .redaction import redact_url
 from .request import version_number
+from .routing import RoutingSettings, VersionRouter
+from .shadow import ShadowRunner
 from .tracing import Tracer
 
 log = logging.getLogger(__name__)
@@ -43,11 +45,15 @@ class ManagerPort(Protocol):
 
     def start(self) -> None: ...
     def close(self) -> None: ...
-    def acquire_handle(self) -> Any: ...
+    def acquire_handle(self, number: int | None = None) -> Any: ...
     def served_version(self) -> Any: ...
+    def served_versions(self) -> list[Any]: ...
+    def serves(self, number: int) -> bool: ...
+    def serves_several(self) -> bool: ...
     def info(self) -> dict[str, Any]: ...
     def discover(self) -> Any: ...
     def load(self, version: Any) -> None: ...
+    def reload(self) -> None: ...
     def pin(self, version: int) -> None: ...
     def unpin(self) -> None: ...
     def rollback(self) -> None: ...
@@ -61,7 +67,8 @@ class ServedModel:
     def __init__(self, name: str, config: ModelConfig, *, manager: ManagerPort, tracer: Tracer | None = None,
                  batching: ModelBatching | None = None, prediction_log: PredictionLogger | None = None,
                  raw_config: Mapping[str, Any] | None = None, version_labels: Mapping[str, int] | None = None,
-                 threads: int | None = None, environment: Mapping[str, str] | None = None) -> None:
+                 routing: RoutingSettings | None = None, threads: int | None = None,
+                 environment: Mapping[str, str] | None = None) -> None:
         self.name = name
         self.config = config
         self.manager = manager
@@ -69,7 +76,11 @@ class ServedModel:
         self.batching = batching
         self.prediction_log = prediction_log
         self.raw_config = dict(raw_config or {})
-        self.version_labels = dict(version_labels or {})
+        if routing is None:
+            routing = RoutingSettings(version_labels=dict(version_labels or {}))
+        # labels, traffic split and shadow; changed at run time by update_routing
+        self.router = VersionRouter(name, routing, serves=manager.serves)
+        self.shadow = ShadowRunner(name)  # its thread starts with the first shadowed call
         self.threads = threads
         self.environment = dict(environment or {})
 
@@ -95,11 +106,36 @@ class ServedModel:
     # --- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the batching threads, load and warm the served version; raises ProcessorError
-        (the model is then ``failed``)."""
+        """Start the batching threads, load and warm the served versions; raises ProcessorError
+        (the model is then ``failed``). Labels, arms or a shadow naming a version that is not
+        served are logged (and reported in :meth:`info`); requests through them are NOT_FOUND
+        (a traffic arm's go to the default)."""
         if self.batching is not None:
             self.batching.start()
         self.manager.start()
+        dangling = self.router.dangling()
+        if dangling:
+            log.warning("model %s: %s", self.name, "; ".join(
+                f"{what} names version {n}, which is not served" for what, n in dangling.items()))
+
+    @property
+    def version_labels(self) -> Mapping[str, int]:
+        """Label -> version number, as the router holds them now."""
+        return self.router.labels
+
+    @property
+    def routes_versions(self) -> bool:
+        """Whether a call naming no version may be answered by another version than the
+        default: several versions serve, or the traffic is split."""
+        return bool(self.router.routing.arms) or self.manager.serves_several()
+
+    def update_routing(self, changes: Mapping[str, Any]) -> dict[str, Any]:
+        """Change labels, traffic and shadow at run time (:meth:`VersionRouter.update`: validated
+        whole against the served versions; InvalidArgument and nothing changed otherwise);
+        returns the routing now."""
+        self.router.update(changes)
+        log.info("model %s: routing now %s", self.name, self.router.describe())
+        return self.router.describe()
 
     @property
     def ready(self) -> bool:
@@ -123,8 +159,8 @@ class ServedModel:
         return self.manager.served_version()
 
     def reload(self) -> None:
-        """Load the version the store names now."""
-        self.manager.load(self.manager.discover())
+        """Load the versions the store (and the version policy) name now, afresh."""
+        self.manager.reload()
 
     def rollback(self, version: int | None = None) -> None:
         """Serve the previously served version, or full checkpoint ``version``; both pin it."""
@@ -150,6 +186,7 @@ class ServedModel:
         """Stop the watcher and close the served version, then write the traces and prediction
         logs still queued (the current log file is closed and renamed into place)."""
         try:
+            self.shadow.close()
             self.manager.close()
         finally:
             try:
@@ -198,7 +235,9 @@ class ServedModel:
         info["config"] = self.config.redacted()
         info["accepted_not_active"] = self.config.not_yet_active()
         info["accepted_ignored"] = self.config.foreign_keys(self.raw_config)
-        info["version_labels"] = self.version_labels
+        info["version_labels"] = dict(self.version_labels)
+        info["routing"] = self.router.describe()
+        info["shadow"] = self.shadow.stats()
         if self.threads is not None:
             info["inference_threads"] = self.threads
         info["environment"] = self.environment
@@ -222,7 +261,7 @@ class ModelRegistry:
         """Every model of a :class:`~processor.deployment.DeploymentConfig`, composed
         (:meth:`ServedModel.compose`)."""
         environment = apply_environment([m.config for m in deployment.models])  # before TF starts
-        return cls(ServedModel.compose(m.name, m.config, raw_config=m.raw_config, version_labels=m.version_labels,
+        return cls(ServedModel.compose(m.name, m.config, raw_config=m.raw_config, routing=m.routing,
                                        threads=m.threads, environment=environment)
                    for m in deployment.models)
 

@@ -1,4 +1,4 @@
-"""AdminJournal: the admin actions (reload, rollback, pin, unpin) of one server, for every worker.
+"""AdminJournal: the admin actions (reload, rollback, pin, unpin, routing) of one server, for every worker.
 
 With ``workers > 1`` an admin request reaches one worker. That worker, holding the journal's
 exclusive ``flock`` (one action at a time, server-wide), first applies the entries other
@@ -48,17 +48,21 @@ class AdminJournal:
         self._thread = threading.Thread(target=self._follow, daemon=True, name="sp-admin-journal")
         self._thread.start()
 
-    def submit(self, kind: str, name: str, version: int | None, caller: str) -> dict[str, Any]:
-        """Apply an admin action here, then record it for the other workers (see the module doc)."""
+    def submit(self, kind: str, name: str, version: int | None, caller: str,
+               routing: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Apply an admin action here, then record it for the other workers (see the module doc;
+        ``routing``: a routing action's changes, recorded with it)."""
         with self._lock, flocked(self.path, fcntl.LOCK_EX) as fd:
             self._catch_up()
-            result = self.runtime.apply_admin(kind, name, version, caller)
+            result = self.runtime.apply_admin(kind, name, version, caller, routing)
             if kind == "rollback" and version is None:
                 served = self.runtime.model(name).served_version()
                 if served is not None and served.full_step >= 0:
                     version = served.delta_step if served.delta_step >= 0 else served.full_step
-            line = json.dumps({"action": kind, "model": name, "version": version, "pid": os.getpid(),
-                               "caller": caller}) + "\n"
+            entry = {"action": kind, "model": name, "version": version, "pid": os.getpid(), "caller": caller}
+            if routing is not None:
+                entry["routing"] = routing
+            line = json.dumps(entry) + "\n"
             os.lseek(fd, 0, os.SEEK_END)
             os.write(fd, line.encode())
             self._offset = os.lseek(fd, 0, os.SEEK_CUR)
@@ -92,7 +96,8 @@ class AdminJournal:
                 continue
             caller = f"worker {entry['pid']} ({entry['caller']})"
             try:
-                self.runtime.apply_admin(entry["action"], entry["model"], entry["version"], caller)
+                self.runtime.apply_admin(entry["action"], entry["model"], entry["version"], caller,
+                                         entry.get("routing"))
             except Exception as exc:  # logged by apply_admin with the action and model
                 log.warning("admin journal: %s of %s from %s failed here: %s", entry["action"],
                             entry["model"], caller, exc)

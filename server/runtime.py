@@ -29,7 +29,7 @@ from processor.echo import cut
 from processor.dataplane import DataPlane
 from processor.deployment import DeploymentConfig
 from processor.errors import as_processor_error, edge_error
-from processor.request import PredictCall, PredictResult
+from processor.request import PredictCall, PredictResult, answer_note_var
 from processor.served_model import ModelRegistry, ServedModel
 
 from .access_log import AccessLog
@@ -193,6 +193,12 @@ class ServingRuntime:
         served = self.models.get(name).served_version() if name in self.models else None
         return served.label if served is not None else "none"
 
+    def routes_versions(self, name: str) -> bool:
+        """Whether a call to ``name`` naming no version may be answered by another version than
+        the default: several are served, or the model splits its traffic. Metrics and the access
+        log then name the version that answered (a request's note, ``answer_note_var``)."""
+        return name in self.models and self.models.get(name).routes_versions
+
     # --- admin ------------------------------------------------------------------------------
 
     # ``caller`` (the client's address) goes into the admin log lines
@@ -213,16 +219,27 @@ class ServingRuntime:
         """Follow the newest version again."""
         return self.admin("unpin", name, None, caller)
 
-    def admin(self, kind: str, name: str, version: int | None, caller: str = "-") -> dict[str, Any]:
+    def route(self, name: str, changes: dict[str, Any], caller: str = "-") -> dict[str, Any]:
+        """Change model ``name``'s labels, traffic split and shadow (any of ``version_labels``,
+        ``traffic``, ``shadow``; each given replaces that part), in every worker."""
+        return self.admin("routing", name, None, caller, changes)
+
+    def admin(self, kind: str, name: str, version: int | None, caller: str = "-",
+              routing: dict[str, Any] | None = None) -> dict[str, Any]:
         """One admin action; with workers > 1 through the server's admin journal, which applies
         it here and then in every other worker (server/admin_journal.py)."""
         if self.admin_journal is not None:
-            return self.admin_journal.submit(kind, name, version, caller)
-        return self.apply_admin(kind, name, version, caller)
+            return self.admin_journal.submit(kind, name, version, caller, routing)
+        return self.apply_admin(kind, name, version, caller, routing)
 
-    def apply_admin(self, kind: str, name: str, version: int | None, caller: str = "-") -> dict[str, Any]:
-        """Apply admin action ``kind`` (reload, rollback, pin, unpin) in this process."""
+    def apply_admin(self, kind: str, name: str, version: int | None, caller: str = "-",
+                    routing: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Apply admin action ``kind`` (reload, rollback, pin, unpin, routing) in this process."""
         model = self.models.get(name)
+        if kind == "routing":
+            routed = model.update_routing(routing or {})
+            log.info("admin routing of %s by %s: %s", name, caller, routed, extra={"model": name, "client": caller})
+            return {"model": name, "action": kind, "routing": routed}
         actions = {"reload": model.reload, "rollback": lambda: model.rollback(version),
                    "pin": lambda: model.pin(version), "unpin": model.unpin}
         return self._update(name, kind, actions[kind], caller)
@@ -245,7 +262,7 @@ class ServingRuntime:
             info = self.models.get(name).info()
             return {"model": name, "action": kind, "seconds": round(seconds, 3),
                     "state": info.get("state"), "version": info.get("version"),
-                    "pinned": info.get("pinned")}
+                    "versions": info.get("versions"), "pinned": info.get("pinned")}
 
     # --- shutdown ---------------------------------------------------------------------------
 
@@ -268,7 +285,7 @@ class RequestTrack:
     and its access-log line: a failure at once with its code and message, a success through
     :class:`~server.access_log.AccessLog`'s writer thread when sampled."""
 
-    __slots__ = ("rt", "model", "protocol", "api", "started", "entered")
+    __slots__ = ("rt", "model", "protocol", "api", "started", "entered", "note", "token")
 
     def __init__(self, rt: ServingRuntime, model: str, protocol: str, api: str) -> None:
         self.rt, self.model, self.protocol, self.api = rt, model, protocol, api
@@ -277,6 +294,10 @@ class RequestTrack:
         self.started = time.perf_counter()
         self.entered = False
         rt = self.rt
+        self.note = None
+        if rt.routes_versions(self.model):  # the DataPlane writes the version that answered here
+            self.note = [None, None]
+            self.token = answer_note_var.set(self.note)
         rt.metrics.in_flight_of(self.protocol).inc()
         try:
             rt.gate.enter()
@@ -294,7 +315,13 @@ class RequestTrack:
         seconds = time.perf_counter() - self.started
         known = model in rt.models
         label = model if known else UNKNOWN_MODEL
-        version = rt.version_label(model) if known else "none"
+        note = self.note
+        if note is not None:
+            answer_note_var.reset(self.token)
+        if note is not None and note[0] is not None:
+            version = note[0].label
+        else:
+            version = rt.version_label(model) if known else "none"
         if exc is None:
             metrics.request(label, version, self.protocol, self.api, "OK").observe(seconds)
             rt.access_log.ok(self.protocol, self.api, model, version, seconds, request_id_var.get())

@@ -109,11 +109,11 @@ class FakeManager:
         self.actions: list[str] = []
         self.pinned: int | None = None
 
-    def acquire_handle(self):
+    def acquire_handle(self, number=None):
         return _Handle()
 
     @contextlib.contextmanager
-    def acquire(self):
+    def acquire(self, number=None):
         yield _Handle.group
 
     def start(self) -> None:
@@ -124,6 +124,15 @@ class FakeManager:
 
     def served_version(self):
         return None
+
+    def served_versions(self) -> list:
+        return []
+
+    def serves(self, number: int) -> bool:
+        return False
+
+    def serves_several(self) -> bool:
+        return False
 
     def serves_natively(self) -> bool:
         return _Handle.group.serves_natively
@@ -137,6 +146,9 @@ class FakeManager:
 
     def load(self, version) -> None:
         self.actions.append("reload")
+
+    def reload(self) -> None:
+        self.load(self.discover())
 
     def pin(self, version: int) -> None:
         self.actions.append(f"pin {version}")
@@ -160,13 +172,13 @@ class FailingManager(FakeManager):
     def message(self) -> str:
         return f"fake failure {self.code.name} from {self.name}"
 
-    def acquire_handle(self):
+    def acquire_handle(self, number=None):
         from processor.errors import ProcessorError
 
         raise ProcessorError(self.message(), self.code)
 
     @contextlib.contextmanager
-    def acquire(self):
+    def acquire(self, number=None):
         self.acquire_handle()
         yield
 

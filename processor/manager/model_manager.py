@@ -1,7 +1,11 @@
-"""ModelManager: owns one model's versions, keeps the right one serving, hands out handles.
+"""ModelManager: owns one model's versions, keeps the right ones serving, hands out handles.
 
-Off the request path it reconciles the version the store declares (through the
-:class:`~processor.store.version_watcher.VersionWatcher`) with the one loaded:
+Several versions may serve side by side (``model_version_policy``,
+:mod:`processor.store.version_policy`): each is a SessionGroup of its own behind its own
+:class:`ServableHandle`, keyed by its TF Serving number; the newest is the default, which a call
+naming no version gets. Off the request path it reconciles the versions the store declares
+(through the :class:`~processor.store.version_watcher.VersionWatcher`) with those loaded, for
+each number:
 
 * a new full checkpoint (or another run) -> load a new SessionGroup (with the newest delta
   applied), warm up every lane, swap it in atomically; the old group is retired and freed once
@@ -10,7 +14,11 @@ Off the request path it reconciles the version the store declares (through the
   step (no reload, no second copy of the weights);
 * any failure (unreadable, truncated, mismatched checkpoint; warmup error) -> the served version
   keeps serving, the error is recorded in :meth:`info`, and that version is retried with
-  exponential backoff; a newer version is tried at once.
+  exponential backoff; a newer version is tried at once;
+* deltas apply to the newest version only: an older one serves the step it was loaded at;
+* a version leaving the policy is retired once every version the policy names serves (so a
+  failed newer version never leaves fewer serving than before), and freed when its last
+  in-flight request ends.
 
 The parts, each in its own module: what to do with a version the store names is the pure
 :func:`~processor.manager.policy.next_action`; the steps of a load or a delta (materialize,
@@ -23,7 +31,7 @@ injected: tests run the manager over fakes.
 
 Rollback: :meth:`rollback` serves the previously served version and pins it; :meth:`pin` serves
 the parameters at a given full or delta step (or TF Serving version number); :meth:`unpin`
-follows the newest again.
+follows the newest again. A pin serves that one version alone, whatever the policy.
 ``restore_model_version`` in the config pins a step at start. A delta only ever applies to the
 full checkpoint it follows (:mod:`processor.store.checkpoint_layout`).
 
@@ -37,14 +45,15 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..config import ModelConfig
 from ..engine.session_group import SessionGroup
 from ..features import FeatureStore, open_feature_store
 from ..errors import NotFound, ProcessorError, Unavailable
-from ..store.checkpoint_layout import latest_version
+from ..echo import cut
+from ..store.checkpoint_layout import served_versions
 from ..store.model_store import ModelStore
 from ..store.model_version import ModelVersion
 from ..store.version_watcher import VersionWatcher
@@ -69,7 +78,8 @@ class ModelManager:
         self.config = config
         self.store = store or ModelStore.for_config(config)
         self._clock = clock
-        self._current: ServableHandle | None = None
+        self._current: ServableHandle | None = None  # the default: the newest served version
+        self._handles: dict[int, ServableHandle] = {}  # every served version, by TF Serving number
         self._lock = threading.RLock()
         self._pinned: ModelVersion | None = None
         self._pinned_step: int | None = config.restore_model_version
@@ -122,7 +132,7 @@ class ModelManager:
                 check_store = getattr(self.features, "check_up", None)  # remote stores have one
                 if check_store is not None:  # a remote store down: fail (or wait) before loading
                     check_store()
-                version = self.discover()
+                versions = self.discover_all()
                 break
             except Unavailable as exc:
                 self._note_error(exc)
@@ -130,38 +140,68 @@ class ModelManager:
                     raise
                 log.info("%s: %s; waiting for a version", self.name, exc)
                 self._clock.sleep(_INIT_POLL_SECONDS)
-        self.load(version)
-        watched = self.config.checkpoint_dir or version.is_version_dir  # TF Serving's base dir too
+        self._start_versions(versions)
+        watched = self.config.checkpoint_dir or versions[-1].is_version_dir  # TF Serving's base dir too
         if watched and self.config.file_system_poll_wait_seconds > 0:
-            self._watcher = VersionWatcher(self.name, self.discover, self.reconcile,
+            self._watcher = VersionWatcher(self.name, self.discover_all, self.reconcile,
                                            self.config.file_system_poll_wait_seconds)
             self._watcher.start()
 
     def discover(self) -> ModelVersion:
-        """The version that should be served now (the pinned one, if any)."""
-        if self._pinned is not None:
-            return self._pinned
-        return latest_version(self.store, self.config.savedmodel_dir, self.config.checkpoint_dir,
-                              pin_step=self._pinned_step, delta_mode=self.config.delta_mode)
+        """The newest version that should be served now (the pinned one, if any)."""
+        return self.discover_all()[-1]
 
-    def reconcile(self, target: ModelVersion) -> None:
-        """Make ``target`` the served version (full load or delta); keep serving on failure."""
+    def discover_all(self) -> list[ModelVersion]:
+        """Every version that should be served now, ascending by number: the pinned one alone,
+        else those the ``model_version_policy`` selects."""
+        if self._pinned is not None:
+            return [self._pinned]
+        return served_versions(self.store, self.config.savedmodel_dir, self.config.checkpoint_dir,
+                               self.config.model_version_policy, pin_step=self._pinned_step,
+                               delta_mode=self.config.delta_mode)
+
+    def _start_versions(self, versions: list[ModelVersion]) -> None:
+        """The first loads, newest first (it is the default); raise when none serves."""
+        errors: list[ProcessorError] = []
+        for version in reversed(versions):
+            try:
+                self.load(version)
+            except ProcessorError as err:
+                errors.append(err)
+        if not self._handles:
+            raise errors[0]
+
+    def reconcile(self, targets: ModelVersion | Sequence[ModelVersion]) -> None:
+        """Make ``targets`` (one version or the policy's list) the served versions (full loads,
+        or deltas on the newest); keep serving on failure; retire versions no longer named once
+        every named one serves."""
+        if isinstance(targets, ModelVersion):
+            targets = [targets]
         with self._lock:
             if self._state is ModelState.CLOSED:
                 return
-            action = next_action(self.served_version(), target, self._failures, self._pinned,
-                                 self._clock.monotonic())
-            try:
-                if action is Action.LOAD_FULL:
-                    self._load_locked(target, pinned=self._pinned is not None)
-                elif action is Action.APPLY_DELTA:
-                    self._apply_delta_locked(target)
-            except ProcessorError as err:
-                self._record_failure(target, err)
+            numbers = [t.number for t in targets]
+            newest = max(numbers)
+            for target, number in sorted(zip(targets, numbers), key=lambda tn: -tn[1]):
+                handle = self._handles.get(number)
+                if handle is not None and number != newest:
+                    continue  # an older version serves the step it was loaded at
+                served = handle.group.version if handle is not None else None
+                action = next_action(served, target, self._failures, self._pinned, self._clock.monotonic())
+                try:
+                    if action is Action.LOAD_FULL:
+                        self._load_locked(target, pinned=self._pinned is not None)
+                    elif action is Action.APPLY_DELTA:
+                        self._apply_delta_locked(handle.group, target)
+                except ProcessorError as err:
+                    self._record_failure(target, err)
+            if all(n in self._handles for n in numbers):
+                self._retire_except(set(numbers))
 
     def load(self, version: ModelVersion, pinned: bool = False) -> None:
-        """Load ``version`` into a new group and swap it in; raise (and keep serving) on failure.
-        ``pinned``: it is loaded to be pinned (see :meth:`VersionLoader.load`)."""
+        """Load ``version`` into a new group and swap it in for its number (another number keeps
+        serving); raise (and keep serving) on failure. ``pinned``: it is loaded to be pinned (see
+        :meth:`VersionLoader.load`), and serves alone once it serves."""
         with self._lock:
             if self._state is ModelState.CLOSED:
                 raise Unavailable(f"model {self.name!r} is closed")
@@ -170,6 +210,29 @@ class ModelManager:
             except ProcessorError as err:
                 self._record_failure(version, err)
                 raise
+            if pinned:
+                self._retire_except({version.number})
+
+    def reload(self) -> None:
+        """Load every version the store and policy name now afresh (each swapped in for its number);
+        raise the first failure (the versions serving keep serving)."""
+        with self._lock:
+            targets = self.discover_all()
+            for version in reversed(targets):
+                self.load(version, pinned=self._pinned is not None)
+            self._retire_except({t.number for t in targets})
+
+    def _retire_except(self, numbers: set[int]) -> None:
+        """Retire every served version whose number is not in ``numbers`` (freed once drained)."""
+        for number in [n for n in self._handles if n not in numbers]:
+            handle = self._handles.pop(number)
+            log.info("%s: version %s leaves the served set; unloaded once its requests end", self.name,
+                     handle.group.version.label)
+            handle.retire()
+        self._set_default()
+
+    def _set_default(self) -> None:
+        self._current = self._handles[max(self._handles)] if self._handles else None
 
     def _load_locked(self, version: ModelVersion, pinned: bool = False) -> None:
         if self._current is None:
@@ -187,14 +250,17 @@ class ModelManager:
                 self._to(ModelState.FAILED)
             raise
         self.last_warmup = loaded.warmup
-        old, self._current = self._current, ServableHandle(loaded.group)
+        number = version.number
+        old = self._handles.get(number)
+        self._handles[number] = ServableHandle(loaded.group)
+        self._set_default()
         if old is not None:
             old.retire()
         self._served(version, "full_loads", "last_full_load_seconds", self._clock.monotonic() - started)
 
-    def _apply_delta_locked(self, version: ModelVersion) -> None:
+    def _apply_delta_locked(self, group: SessionGroup, version: ModelVersion) -> None:
         started = self._clock.monotonic()
-        applied = self.loader.apply_delta(self._current.group, version)
+        applied = self.loader.apply_delta(group, version)
         self.stats["last_delta_hold_seconds"] = round(applied.hold_seconds, 6)
         self._served(version, "delta_updates", "last_delta_seconds", self._clock.monotonic() - started)
         log.info("%s: applied delta %s (%d rows, %d dense tensors)", self.name, version.label,
@@ -241,10 +307,14 @@ class ModelManager:
         a delta step the full it follows plus that delta. NotFound (listing the steps there are)
         for a step that exists nowhere."""
         with self._lock:
-            version = latest_version(self.store, self.config.savedmodel_dir, self.config.checkpoint_dir,
-                                     pin_step=step, delta_mode=self.config.delta_mode)
-            if version != self.served_version():
-                self.load(version, pinned=True)
+            version = served_versions(self.store, self.config.savedmodel_dir, self.config.checkpoint_dir,
+                                      pin_step=step, delta_mode=self.config.delta_mode)[-1]
+            if version != self.served_version() or len(self._handles) > 1:
+                handle = self._handles.get(version.number)
+                if handle is None or handle.group.version != version:
+                    self.load(version, pinned=True)
+                else:
+                    self._retire_except({version.number})
             self._pinned, self._pin_reason = version, f"pin({step})"
             return version
 
@@ -254,45 +324,51 @@ class ModelManager:
             self._pinned = None
             self._pinned_step = None
             self._pin_reason = None
-            target = self.discover()
-            if target != self.served_version():
-                self.load(target)
-            return target
+            targets = self.discover_all()
+            for target in reversed(targets):
+                handle = self._handles.get(target.number)
+                if handle is None or handle.group.version != target:
+                    self.load(target)
+            self._retire_except({t.number for t in targets})
+            return targets[-1]
 
     def close(self) -> None:
         """Stop watching and serving; the group is freed once in-flight requests end."""
         if self._watcher is not None:
             self._watcher.stop(timeout=5)
         with self._lock:
-            old, self._current = self._current, None
+            old, self._current = list(self._handles.values()), None
+            self._handles = {}
             self._to(ModelState.CLOSED)
-        if old is not None:
-            old.retire()
+        for handle in old:
+            handle.retire()
         if self.features is not None:
             self.features.close()
 
     # --- request path -----------------------------------------------------------------------
 
-    def acquire_handle(self) -> ServableHandle:
-        """The serving version's handle, referenced: the caller must ``release()`` it.
+    def acquire_handle(self, number: int | None = None) -> ServableHandle:
+        """The handle of served version ``number`` (None: the default, the newest), referenced:
+        the caller must ``release()`` it.
 
         The request path's plain form of :meth:`acquire`. Raises Unavailable when no version is
-        ready.
+        ready, NotFound (TF Serving's words) when ``number`` is not served.
         """
         while True:
-            handle = self._current
+            handle = self._current if number is None else self._handles.get(number)
             if handle is None:
+                if number is not None and self._current is not None:
+                    raise NotFound(f"Servable not found for request: Specific({cut(self.name)}, {number}); "
+                                   f"serving versions {sorted(self._handles)}")
                 raise Unavailable(self._not_ready_message())
             if handle.acquire():
                 return handle  # else it was retired between the read and the acquire: read again
 
     @contextlib.contextmanager
-    def acquire(self) -> Iterator[SessionGroup]:
-        """Yield the serving group, referenced for the duration of the block.
-
-        Raises Unavailable when no version is ready.
-        """
-        handle = self.acquire_handle()
+    def acquire(self, number: int | None = None) -> Iterator[SessionGroup]:
+        """Yield served version ``number``'s group (None: the default), referenced for the
+        duration of the block. Raises as :meth:`acquire_handle`."""
+        handle = self.acquire_handle(number)
         try:
             yield handle.group
         finally:
@@ -309,8 +385,22 @@ class ModelManager:
     # --- facts ------------------------------------------------------------------------------
 
     def served_version(self) -> ModelVersion | None:
+        """The default (newest) served version; None before the first load."""
         handle = self._current
         return handle.group.version if handle else None
+
+    def served_versions(self) -> list[ModelVersion]:
+        """Every served version, ascending by number."""
+        handles = dict(self._handles)
+        return [handles[n].group.version for n in sorted(handles)]
+
+    def serves(self, number: int) -> bool:
+        """Whether version ``number`` is served now."""
+        return number in self._handles
+
+    def serves_several(self) -> bool:
+        """Whether more than one version is served now."""
+        return len(self._handles) > 1
 
     def serves_natively(self) -> bool:
         """Whether the serving version runs whole requests in native code (its group's
@@ -333,6 +423,10 @@ class ModelManager:
             "watcher": None if self._watcher is None else {
                 "interval_seconds": self._watcher.interval, "polls": self._watcher.polls,
                 "errors": self._watcher.errors, "last_poll": self._watcher.last_poll},
+            "version_policy": self.config.model_version_policy.describe(),
+            "versions": [{"version": v.number, "label": v.label, "state": "AVAILABLE",
+                          "full_step": v.full_step, "delta_step": v.delta_step}
+                         for v in self.served_versions()],
         }
         if handle is not None:
             group = handle.group

@@ -35,7 +35,7 @@ class Pending:
     """
 
     __slots__ = ("model", "time_ns", "request_id", "wire", "inputs", "output_filter", "feeds",
-                 "group", "result", "error")
+                 "group", "result", "error", "shadow")
 
     def __init__(self, model: str, time_ns: int, request_id: str, inputs: Any,
                  output_filter: Any) -> None:
@@ -51,6 +51,7 @@ class Pending:
         self.group = None
         self.result = None
         self.error: BaseException | None = None
+        self.shadow = False  # a shadow copy's call (processor/shadow.py), never answered to a client
 
 
 class Resolved(NamedTuple):

@@ -17,6 +17,11 @@ complete one is a full version whose step is its number (``ModelVersion(number, 
 savedmodel_dir=<base>/<number>, run_dir=<base>)``, parameters from its own ``variables/``);
 the highest number serves, and a pin names a number. Deltas never apply to such a version.
 
+Several versions serve side by side under a ``model_version_policy``
+(:mod:`processor.store.version_policy`, :func:`served_versions`): TF Serving's version
+directories, or in DeepRec's layout the full checkpoints of the newest run, each with its own
+newest delta.
+
 A checkpoint counts only when its ``.index`` and every ``.data-NNNNN-of-MMMMM`` shard it names
 exist, so a checkpoint still being copied in is not picked up; likewise a version directory
 counts only once it holds ``saved_model.pb`` (or ``.pbtxt``) and a complete
@@ -32,6 +37,7 @@ import re
 from ..errors import ConfigError, NotFound, Unavailable
 from .model_store import ModelStore
 from .model_version import ModelVersion
+from .version_policy import VersionPolicy
 
 DELTA_DIRS = (".incremental_checkpoint", ".incremental_ckpt")
 _STEP = re.compile(r"^(?P<prefix>.+)-(?P<step>\d+)\.index$")
@@ -78,8 +84,8 @@ def _is_base_dir(store: ModelStore, savedmodel_dir: str) -> bool:
     return any(posixpath.basename(d.rstrip("/")).isdigit() for d in store.list_dirs(savedmodel_dir))
 
 
-def _version_dir_version(store: ModelStore, base: str, checkpoint_dir: str | None,
-                         pin_step: int | None) -> ModelVersion:
+def _version_dir_versions(store: ModelStore, base: str, checkpoint_dir: str | None,
+                          policy: VersionPolicy | None, pin_step: int | None) -> list[ModelVersion]:
     if checkpoint_dir is not None:
         raise ConfigError(f"savedmodel_dir {base!r} is a TF Serving model base directory (numbered "
                           "version directories); leave checkpoint_dir unset: each version carries its "
@@ -89,13 +95,13 @@ def _version_dir_version(store: ModelStore, base: str, checkpoint_dir: str | Non
         raise Unavailable(f"savedmodel_dir {base!r} holds no complete version directory yet "
                           "(<number>/saved_model.pb with its variables)")
     if pin_step is None:
-        number = max(versions)
+        numbers = _select(policy, versions, repr(base))
     elif pin_step in versions:
-        number = pin_step
+        numbers = [pin_step]
     else:
         raise NotFound(f"version {pin_step} names no complete version directory in {base!r}; "
                        f"versions: {sorted(versions)}")
-    return ModelVersion(number, -1, savedmodel_dir=versions[number], run_dir=base)
+    return [ModelVersion(n, -1, savedmodel_dir=versions[n], run_dir=base) for n in numbers]
 
 
 def newest_run(store: ModelStore, checkpoint_dir: str) -> str:
@@ -151,12 +157,25 @@ def latest_version(store: ModelStore, savedmodel_dir: str, checkpoint_dir: str |
     its full up to its delta step (see :class:`ModelVersion`). Paths may be URLs of the store;
     the version holds the store's own paths.
     """
+    return served_versions(store, savedmodel_dir, checkpoint_dir, None, pin_step, delta_mode)[-1]
+
+
+def served_versions(store: ModelStore, savedmodel_dir: str, checkpoint_dir: str | None,
+                    policy: VersionPolicy | None = None, pin_step: int | None = None,
+                    delta_mode: str = "cumulative") -> list[ModelVersion]:
+    """The versions to serve side by side now, ascending by TF Serving number, the last the
+    newest: those ``policy`` selects (None: the newest only) among the version directories of a
+    TF Serving base directory, or among the full checkpoints of the newest run, each with its
+    own newest delta (a delta belongs to the full it follows). A SavedModel's own variables are
+    one version whatever the policy. ``pin_step``: exactly the version at that step (see
+    :func:`latest_version`). Unavailable when the policy selects none of the versions there are
+    (the message lists both); the other errors as :func:`latest_version`'s."""
     savedmodel_dir = store.strip(savedmodel_dir)
     if _is_base_dir(store, savedmodel_dir):
-        return _version_dir_version(store, savedmodel_dir, checkpoint_dir, pin_step)
+        return _version_dir_versions(store, savedmodel_dir, checkpoint_dir, policy, pin_step)
     find_savedmodel(store, savedmodel_dir)
     if checkpoint_dir is None:
-        return ModelVersion(-1, -1, savedmodel_dir=savedmodel_dir)
+        return [ModelVersion(-1, -1, savedmodel_dir=savedmodel_dir)]
     run = newest_run(store, store.strip(checkpoint_dir))
     fulls = {s: p for s, p in complete_checkpoints(store, run).items()
              if not posixpath.basename(p).startswith("incremental_")}
@@ -168,24 +187,36 @@ def latest_version(store: ModelStore, savedmodel_dir: str, checkpoint_dir: str |
         if store.exists(delta_dir):
             deltas.update(complete_checkpoints(store, delta_dir))
     if pin_step is None:
-        full_step = max(fulls)
-        delta_step = max(_own_deltas(full_step, fulls, deltas), default=-1)
+        chosen = [(s, max(_own_deltas(s, fulls, deltas), default=-1))
+                  for s in _select(policy, fulls, f"run {run!r}")]
     elif pin_step in fulls:
-        full_step, delta_step = pin_step, -1
+        chosen = [(pin_step, -1)]
     elif pin_step in deltas and any(s < pin_step for s in fulls):
-        full_step, delta_step = max(s for s in fulls if s < pin_step), pin_step
+        chosen = [(max(s for s in fulls if s < pin_step), pin_step)]
     else:
         raise NotFound(f"step {pin_step} names no checkpoint in {run!r}; full steps: {sorted(fulls)}, "
                        f"delta steps: {sorted(deltas)}")
-    if delta_step < 0:
-        chain: tuple[tuple[int, str], ...] = ()
-    elif delta_mode == "chain":
-        chain = tuple((s, deltas[s]) for s in sorted(_own_deltas(full_step, fulls, deltas)) if s <= delta_step)
-    else:
-        chain = ((delta_step, deltas[delta_step]),)
-    return ModelVersion(full_step, delta_step, full_prefix=fulls[full_step],
-                        delta_prefix=deltas.get(delta_step, ""), savedmodel_dir=savedmodel_dir,
-                        run_dir=run, delta_chain=chain)
+    out = []
+    for full_step, delta_step in chosen:
+        if delta_step < 0:
+            chain: tuple[tuple[int, str], ...] = ()
+        elif delta_mode == "chain":
+            chain = tuple((s, deltas[s]) for s in sorted(_own_deltas(full_step, fulls, deltas)) if s <= delta_step)
+        else:
+            chain = ((delta_step, deltas[delta_step]),)
+        out.append(ModelVersion(full_step, delta_step, full_prefix=fulls[full_step],
+                                delta_prefix=deltas.get(delta_step, ""), savedmodel_dir=savedmodel_dir,
+                                run_dir=run, delta_chain=chain))
+    return out
+
+
+def _select(policy: VersionPolicy | None, available, where: str) -> list[int]:
+    """The numbers ``policy`` (None: the newest) serves of ``available``; Unavailable if none."""
+    chosen = policy.select(available) if policy is not None else sorted(available)[-1:]
+    if not chosen:
+        raise Unavailable(f"model_version_policy {policy.describe()} selects none of the versions in "
+                          f"{where}: {sorted(available)}")
+    return chosen
 
 
 def _own_deltas(full_step: int, fulls: dict[int, str], deltas: dict[int, str]) -> list[int]:

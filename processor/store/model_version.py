@@ -36,6 +36,12 @@ class ModelVersion:
         return self.full_step >= 0 and not self.full_prefix
 
     @property
+    def number(self) -> int:
+        """TF Serving's number of this version: the full checkpoint's global step (a version
+        directory's number), ``0`` when parameters come from the SavedModel's own variables."""
+        return max(self.full_step, 0)
+
+    @property
     def label(self) -> str:
         if self.full_step < 0:
             return "savedmodel"

@@ -27,7 +27,7 @@ class CountingManager(FakeManager):
         super().__init__(name)
         self.acquired = 0
 
-    def acquire_handle(self):
+    def acquire_handle(self, number=None):
         self.acquired += 1
         return super().acquire_handle()
 

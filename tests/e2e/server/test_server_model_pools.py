@@ -48,7 +48,7 @@ class HeldManager(FakeManager):
         self.group = _Held()
         self.group.signature = FakeManager(name).acquire_handle().group.signature
 
-    def acquire_handle(self):
+    def acquire_handle(self, number=None):
         manager = self
 
         class Handle:

@@ -22,7 +22,7 @@ class FakeRuntime:
         self.previous = previous
         self.served = SimpleNamespace(full_step=3, delta_step=-1)
 
-    def apply_admin(self, kind, name, version, caller="-"):
+    def apply_admin(self, kind, name, version, caller="-", routing=None):
         if kind == self.fail:
             raise ValueError(f"{kind} refused")
         self.applied.append((kind, name, version))
