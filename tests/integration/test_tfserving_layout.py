@@ -17,31 +17,10 @@ from sp_checks import wait_for
 from processor.errors import ConfigError, NotFound
 from processor.store.checkpoint_layout import latest_version, version_dirs
 from processor.store.model_store import ModelStore
+from models.toy_versions import copy_version, export_version
 
 POLL = 0.2
 X1 = {"x": np.array([[1.0]], np.float32)}
-
-
-def export_version(base, number, a, b):
-    """Write the TF1 toy with ``a``, ``b`` as ``base/<number>`` (built aside, then renamed in)."""
-    import tensorflow as tf
-
-    from demo.toy_model import SIGNATURE_NAME, _tf1_graph
-
-    staging = base.parent / f".staging-{base.name}-{number}"
-    toy = _tf1_graph(a, b, 3.0)
-    with tf.compat.v1.Session(graph=toy.graph) as sess:
-        sess.run(toy.init)
-        builder = tf.compat.v1.saved_model.Builder(str(staging))
-        builder.add_meta_graph_and_variables(
-            sess, [tf.saved_model.SERVING],
-            signature_def_map={SIGNATURE_NAME: tf.compat.v1.saved_model.predict_signature_def(
-                {"x": toy.x}, {"y": toy.y})},
-            saver=toy.saver, strip_default_attrs=True)
-        builder.save()
-    base.mkdir(parents=True, exist_ok=True)
-    os.rename(staging, base / str(number))
-    return base / str(number)
 
 
 @pytest.fixture(scope="module")
@@ -51,15 +30,6 @@ def versions(tmp_path_factory):
     for n in (1, 2, 3):
         export_version(src, n, float(n), 1.0)
     return src
-
-
-def copy_version(versions, base, number, as_number=None):
-    """Copy pristine version ``number`` into ``base`` (via a rename, as a publisher would)."""
-    target = base / str(as_number if as_number is not None else number)
-    staging = base / f".tmp-{target.name}"
-    shutil.copytree(versions / str(number), staging)
-    os.rename(staging, target)
-    return target
 
 
 def config(base, **overrides):

@@ -1,0 +1,133 @@
+"""Several versions at once (``model_version_policy``) with real TensorFlow models.
+
+TF Serving's layout: toy versions (y = n*x + 1 for version n) under a base directory, served
+side by side, each addressed by number; a new version replaces the oldest once it serves, and
+the oldest is freed only after its in-flight requests end. DeepRec's layout: the newest two full
+checkpoints of a run serve side by side; deltas reach the newest only, the older one serves the
+step it was loaded at.
+"""
+
+import numpy as np
+import pytest
+
+import sp_checks
+from conftest import model_config
+from processor import codec
+from processor.errors import NotFound
+from processor.request import PredictCall
+from models.toy_versions import copy_version, export_version
+
+POLL = 0.2
+X1 = {"x": np.array([[1.0]], np.float32)}
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    """Version directories 1, 2, 3 to copy from: version n answers n*x + 1."""
+    src = tmp_path_factory.mktemp("versions") / "src"
+    for n in (1, 2, 3):
+        export_version(src, n, float(n), 1.0)
+    return src
+
+
+def toy_config(base, **overrides):
+    cfg = {"savedmodel_dir": str(base), "signature_name": "serving_default",
+           "file_system_poll_wait_seconds": POLL, "model_version_policy": {"latest": {"num_versions": 2}}}
+    cfg.update(overrides)
+    return cfg
+
+
+def answer(processor, version=None, label=None):
+    result = processor.dataplane.predict(PredictCall(processor.name, codec.encode_request(X1), version, label))
+    return result.version.number, codec.decode_response(result.outputs)["y"].item()
+
+
+def served_numbers(processor):
+    return [v["version"] for v in processor.model_info()["versions"]]
+
+
+def test_two_versions_serve_side_by_side_and_a_new_one_replaces_the_oldest(pristine, tmp_path, make_processor):
+    base = tmp_path / "base"
+    for n in (1, 2):
+        copy_version(pristine, base, n)
+    p = make_processor(toy_config(base), name="toy")
+    assert served_numbers(p) == [1, 2]
+    assert answer(p) == (2, 3.0)  # the default is the newest
+    assert answer(p, version=1) == (1, 2.0) and answer(p, version=2) == (2, 3.0)
+    with pytest.raises(NotFound, match=r"Specific\(toy, 7\).*serving versions \[1, 2\]"):
+        answer(p, version=7)
+
+    held = p.manager.acquire_handle(1)  # a request of version 1 in flight
+    closed = []
+    close = held.group.close
+    held.group.close = lambda: (closed.append(True), close())
+    copy_version(pristine, base, 3)
+    assert sp_checks.wait_for(lambda: served_numbers(p) == [2, 3], timeout=30), p.model_info()["failed_versions"]
+    assert answer(p) == (3, 4.0) and answer(p, version=2) == (2, 3.0)
+    with pytest.raises(NotFound):
+        answer(p, version=1)
+    assert not closed, "version 1 was closed under its in-flight request"
+    assert codec.decode_response(held.group.serve(codec.encode_request(X1)))["y"].item() == 2.0  # still version 1
+    held.release()
+    assert closed, "version 1 was not freed once its last request ended"
+
+
+def test_all_and_specific_policies(pristine, tmp_path, make_processor):
+    base = tmp_path / "base"
+    for n in (1, 2, 3):
+        copy_version(pristine, base, n)
+    every = make_processor(toy_config(base, model_version_policy={"all": {}}), name="every")
+    assert served_numbers(every) == [1, 2, 3]
+    chosen = make_processor(toy_config(base, model_version_policy={"specific": {"versions": [1, 3]}}), name="chosen")
+    assert served_numbers(chosen) == [1, 3]
+    assert answer(chosen, version=1) == (1, 2.0) and answer(chosen) == (3, 4.0)
+
+
+def test_a_pin_serves_one_version_and_unpin_restores_the_policy(pristine, tmp_path, make_processor):
+    base = tmp_path / "base"
+    for n in (1, 2):
+        copy_version(pristine, base, n)
+    p = make_processor(toy_config(base), name="toy")
+    p.manager.pin(1)
+    assert served_numbers(p) == [1] and answer(p) == (1, 2.0)
+    p.manager.unpin()
+    assert served_numbers(p) == [1, 2] and answer(p) == (2, 3.0)
+
+
+@pytest.fixture
+def ctr(tmp_path):
+    from demo.ctr_model import build_ctr_model
+
+    return build_ctr_model(tmp_path / "model", preset="small", versions=2)
+
+
+def test_deeprec_fulls_serve_side_by_side_and_deltas_reach_the_newest_only(ctr, make_processor):
+    from demo.streaming_trainer import StreamingTrainer
+    from demo.synthetic_data import synthetic_batch
+
+    feeds = synthetic_batch(8, 11)
+    request = codec.encode_request(feeds)
+    older, newest = ctr.steps[-2], ctr.steps[-1]
+    p = make_processor(model_config(ctr, file_system_poll_wait_seconds=POLL,
+                                    model_version_policy={"latest": {"num_versions": 2}}), name="ctr")
+    assert served_numbers(p) == [older, newest]
+
+    def logits(version):
+        result = p.dataplane.predict(PredictCall("ctr", request, version))
+        return result.version.label, codec.decode_response(result.outputs)["logits"]
+
+    label_old, before_old = logits(older)
+    assert label_old == str(older)
+    trainer = StreamingTrainer(ctr.out_dir)
+    try:
+        trainer.train(5)
+        trainer.save_delta()
+        want = trainer.predict(feeds)["logits"]
+    finally:
+        trainer.close()
+    assert sp_checks.wait_for(lambda: logits(newest)[0] == f"{newest}+{trainer.step}", timeout=30), \
+        p.model_info()["failed_versions"]
+    np.testing.assert_allclose(logits(newest)[1], want, rtol=1e-5, atol=1e-6)
+    label_after, after_old = logits(older)
+    assert label_after == str(older)  # the older full keeps the step it was loaded at
+    np.testing.assert_array_equal(after_old, before_old)
