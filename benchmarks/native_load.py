@@ -66,12 +66,14 @@ def grpc_frame(message: bytes) -> bytes:
 
 
 def wrk(url: str, body: bytes, headers: dict[str, str], pid: int, *, connections: int = 32, threads: int = 2,
-        seconds: float = 5.0, warmup: float = 1.0, cpus: str | None = None) -> dict:
-    """POST ``body`` to ``url`` from ``connections`` keep-alive connections."""
+        seconds: float = 5.0, warmup: float = 1.0, cpus: str | None = None, delay_ms: int = 0) -> dict:
+    """POST ``body`` to ``url`` from ``connections`` keep-alive connections; ``delay_ms``: each
+    connection waits that long after each answer before its next request (a paced load: about
+    ``connections / (delay + latency)`` requests a second), else it sends at once (closed loop)."""
     with tempfile.TemporaryDirectory() as tmp:
         body_file, script = Path(tmp) / "body", Path(tmp) / "post.lua"
         body_file.write_bytes(body)
-        script.write_text(WRK_SCRIPT)
+        script.write_text(WRK_SCRIPT + (f"function delay() return {int(delay_ms)} end\n" if delay_ms > 0 else ""))
         env = {**os.environ, "SP_BODY": str(body_file),
                "SP_HEADERS": "\n".join(f"{k}: {v}" for k, v in headers.items())}
 
