@@ -256,7 +256,7 @@ class ModelManager:
         self._set_default()
         if old is not None:
             old.retire()
-        self._served(version, "full_loads", "last_full_load_seconds", self._clock.monotonic() - started)
+        self._served(version, "full_loads", "last_full_load_seconds", self._clock.monotonic() - started, pinned)
 
     def _apply_delta_locked(self, group: SessionGroup, version: ModelVersion) -> None:
         started = self._clock.monotonic()
@@ -266,11 +266,15 @@ class ModelManager:
         log.info("%s: applied delta %s (%d rows, %d dense tensors)", self.name, version.label,
                  applied.rows, applied.dense)
 
-    def _served(self, version: ModelVersion, counter: str, timing: str, seconds: float) -> None:
+    def _served(self, version: ModelVersion, counter: str, timing: str, seconds: float,
+                pinned: bool = False) -> None:
         self.stats[counter] += 1
         self.stats[timing] = round(seconds, 4)
         self._failures.pop(version, None)
-        self._history = [v for v in self._history if v != version][-(_HISTORY - 1):] + [version]
+        if version.number >= max(self._handles, default=-1) or self._pinned is not None or pinned:
+            # the versions that served as the default, for rollback (an older one of the policy's
+            # versions loading beside the newest is not one)
+            self._history = [v for v in self._history if v != version][-(_HISTORY - 1):] + [version]
         self._to(ModelState.READY)
         self.last_error = None
         log.info("%s: serving version %s (%.3f s)", self.name, version.label, seconds)

@@ -131,3 +131,15 @@ def test_deeprec_fulls_serve_side_by_side_and_deltas_reach_the_newest_only(ctr, 
     label_after, after_old = logits(older)
     assert label_after == str(older)  # the older full keeps the step it was loaded at
     np.testing.assert_array_equal(after_old, before_old)
+
+
+def test_rollback_serves_the_previous_default_alone(pristine, tmp_path, make_processor):
+    base = tmp_path / "base"
+    for n in (1, 2):
+        copy_version(pristine, base, n)
+    p = make_processor(toy_config(base), name="toy")
+    copy_version(pristine, base, 3)
+    assert sp_checks.wait_for(lambda: served_numbers(p) == [2, 3], timeout=30), p.model_info()["failed_versions"]
+    assert p.model_info()["history"] == ["2", "3"]  # version 1 never was the default
+    p.manager.rollback()
+    assert served_numbers(p) == [2] and answer(p) == (2, 3.0)
