@@ -58,7 +58,7 @@ from . import codec
 from .batching.model_batching import ModelBatching
 from .prediction_log import PredictionLogger
 from .prediction_log.record import Pending
-from .errors import ProcessorError, as_processor_error, result_or_error
+from .errors import ProcessorError, Unavailable, as_processor_error, result_or_error
 from .request import (PredictCall, PredictResult, PreparedCall, Served, answer_note_var, check_call, check_deadline,
                       version_number, wire_call, wire_result)
 from .routing import VersionRouter
@@ -76,16 +76,29 @@ class DataPlane:
 
     def __init__(self, models: ModelRegistry) -> None:
         self._registry = models
-        self._managers = {m.name: m.manager for m in models}
+        self._inlined: dict[str, bool] = {}  # model -> whether its last try_inline ran in place
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Take the registry's models as they are now (a live model set added, replaced or
+        removed one). Each lookup table is swapped in whole: a call sees one model's parts from
+        before or after, never a mix of two models' (a call that looked its model up before
+        keeps it: its handle holds that model's version until it ends)."""
+        models = list(self._registry)
+        for model in models:
+            model.shadow.run = self._run_shadow
+        managers = {m.name: m.manager for m in models}
+        # a call finds its model by its manager: a removed model's goes first, an added one's last,
+        # so whoever finds a manager finds the model's other parts too
+        if not set(getattr(self, "_managers", ())) <= set(managers):
+            self._managers = managers
         self._routers: dict[str, VersionRouter] = {m.name: m.router for m in models}
         self._shadows = {m.name: m.shadow for m in models}
-        for runner in self._shadows.values():
-            runner.run = self._run_shadow
         self._batching = {m.name: m.batching for m in models if m.batching is not None}
         # Only tracers with traces left; emptied as they finish, so the hot path stays one check.
         self._tracers = {m.name: m.tracer for m in models if m.tracer is not None and not m.tracer.done}
         self._loggers = {m.name: m.prediction_log for m in models if m.prediction_log is not None}
-        self._inlined: dict[str, bool] = {}  # model -> whether its last try_inline ran in place
+        self._managers = managers
 
     @property
     def model_names(self) -> list[str]:
@@ -102,9 +115,9 @@ class DataPlane:
         """
         model = call.model
         manager = self._managers.get(model)
-        if manager is None:
-            self._registry.get(model)  # raises NotFound with the list of models
-        router = self._routers[model]
+        router = self._routers.get(model)
+        if manager is None or router is None:
+            self._gone(model)
         version = self._version(call, router)
         rec = self._begin_trace(model) if self._tracers else None
         result = None
@@ -141,9 +154,9 @@ class DataPlane:
                 or model in self._tracers):
             return None
         manager = self._managers.get(model)
-        if manager is None:
+        router = self._routers.get(model)
+        if manager is None or router is None:
             return None
-        router = self._routers[model]
         version = self._version(call, router)
         logger = self._loggers.get(model) if self._loggers else None
         pending = logger.begin(call) if logger is not None else None
@@ -209,7 +222,8 @@ class DataPlane:
             _note(group.version)
             return PredictResult({key: array for (key, _), array in zip(prepared.fetches, arrays)},
                                  group.version, served.signature)
-        return _on_served(self._managers[model], run, prepared.version)
+        manager = self._managers.get(model)
+        return None if manager is None else _on_served(manager, run, prepared.version)
 
     def batches(self, model: str) -> bool:
         """Whether ``model`` batches its requests (``batching`` in its model_config)."""
@@ -228,11 +242,12 @@ class DataPlane:
         if (batching is None or inputs.__class__ not in _WIRE or not inputs or model in self._tracers
                 or model in self._loggers):
             return None
-        router = self._routers[model]
-        if router.routing.shadow is not None:
-            return None  # predict offers the shadow its copy
+        manager = self._managers.get(model)
+        router = self._routers.get(model)
+        if manager is None or router is None or router.routing.shadow is not None:
+            return None  # predict answers (NotFound), or offers the shadow its copy
         version = self._version(call, router)
-        handle = self._managers[model].acquire_handle(version)
+        handle = manager.acquire_handle(version)
         try:
             group = handle.group
             _note(group.version)
@@ -257,7 +272,9 @@ class DataPlane:
         if call.deadline is not None:
             check_deadline(call.model, call.deadline)
         if router is None:
-            router = self._routers[call.model]
+            router = self._routers.get(call.model)
+            if router is None:
+                self._gone(call.model)
         if call.label is not None:
             return router.resolve(call.version, call.label)
         if call.version is None and router.routing.arms:
@@ -269,6 +286,13 @@ class DataPlane:
                 return chosen[0]
         return call.version
 
+    def _gone(self, model: str) -> None:
+        """Raise for a call to ``model``, which this DataPlane does not serve: NotFound naming the
+        served models, or (the registry has it: a live reload is swapping it in this instant)
+        Unavailable."""
+        self._registry.get(model)  # raises NotFound with the list of models
+        raise Unavailable(f"model {model!r} is being reloaded; try again")
+
     def _shadow(self, router: VersionRouter, call: PredictCall, result: PredictResult) -> None:
         """Offer a copy of ``call`` to its model's shadow version when the call named no version
         and another version answered it (never raising: the primary has its answer)."""
@@ -276,7 +300,8 @@ class DataPlane:
         number = routing.shadow
         if call.version is not None or call.label is not None or number is None or result.introspection:
             return
-        if version_number(result.version) == number or not self._managers[call.model].serves(number):
+        manager = self._managers.get(call.model)
+        if version_number(result.version) == number or manager is None or not manager.serves(number):
             return
         shadow = routing.settings.shadow
         self._shadows[call.model].offer(call, number, shadow.fraction, shadow.max_queued)
@@ -284,7 +309,9 @@ class DataPlane:
     def _run_shadow(self, call: PredictCall) -> PredictResult:
         """A shadow copy (its ``version`` set), run as :meth:`predict` runs a call; a sampled
         one is logged marked as shadow."""
-        manager = self._managers[call.model]
+        manager = self._managers.get(call.model)
+        if manager is None:
+            self._gone(call.model)
         logger = self._loggers.get(call.model) if self._loggers else None
         pending = logger.begin(call) if logger is not None else None
         if pending is not None:

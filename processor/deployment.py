@@ -110,6 +110,9 @@ class DeploymentConfig(BaseModel):
     # environment variable holding it) to keep secrets out of files
     admin_token: str | None = Field(None, min_length=8)
     admin_token_env: str | None = Field(None, min_length=1)
+    # the deployment file is re-read this often and its models applied live (server/model_set.py;
+    # also on SIGHUP); 0: only on SIGHUP. TF Serving's --model_config_file_poll_wait_seconds
+    model_config_file_poll_wait_seconds: float = Field(0.0, ge=0, le=86400)
     # SIGTERM: refuse new requests, wait this long for in-flight ones, then exit
     drain_timeout_seconds: float = Field(30.0, ge=0, le=3600)
     # server processes on the same ports (SO_REUSEPORT), watched by one supervisor (issue 24,

@@ -129,11 +129,11 @@ class ServedModel:
         default: several versions serve, or the traffic is split."""
         return bool(self.router.routing.arms) or self.manager.serves_several()
 
-    def update_routing(self, changes: Mapping[str, Any]) -> dict[str, Any]:
+    def update_routing(self, changes: Mapping[str, Any], require_served: bool = True) -> dict[str, Any]:
         """Change labels, traffic and shadow at run time (:meth:`VersionRouter.update`: validated
-        whole against the served versions; InvalidArgument and nothing changed otherwise);
-        returns the routing now."""
-        self.router.update(changes)
+        whole, and with ``require_served`` against the served versions; InvalidArgument and
+        nothing changed otherwise); returns the routing now."""
+        self.router.update(changes, require_served)
         log.info("model %s: routing now %s", self.name, self.router.describe())
         return self.router.describe()
 
@@ -251,19 +251,33 @@ class ServedModel:
 
 
 class ModelRegistry:
-    """The served models by name (in deployment order). Immutable after construction."""
+    """The served models by name (in deployment order). A live model set changes it
+    (:meth:`put`, :meth:`pop`: ``server/model_set.py``); each change swaps in a new dict, so a
+    reader (a lookup, an iteration) always sees one whole set, without a lock."""
 
     def __init__(self, models: Iterable[ServedModel]) -> None:
         self._models = {m.name: m for m in models}
+
+    def put(self, model: ServedModel) -> ServedModel | None:
+        """Serve ``model`` under its name (added last, or in the place of the one it replaces);
+        returns the one it replaced."""
+        old = self._models.get(model.name)
+        self._models = {**self._models, model.name: model}
+        return old
+
+    def pop(self, name: str) -> ServedModel | None:
+        """Stop serving model ``name``; returns it (None: not served)."""
+        models = dict(self._models)
+        old = models.pop(name, None)
+        self._models = models
+        return old
 
     @classmethod
     def from_deployment(cls, deployment) -> ModelRegistry:
         """Every model of a :class:`~processor.deployment.DeploymentConfig`, composed
         (:meth:`ServedModel.compose`)."""
         environment = apply_environment([m.config for m in deployment.models])  # before TF starts
-        return cls(ServedModel.compose(m.name, m.config, raw_config=m.raw_config, routing=m.routing,
-                                       threads=m.threads, environment=environment)
-                   for m in deployment.models)
+        return cls(compose_entry(m, environment) for m in deployment.models)
 
     @classmethod
     def single(cls, name: str, config: ModelConfig, raw_config: Mapping[str, Any] | None = None) -> ModelRegistry:
@@ -302,6 +316,12 @@ class ModelRegistry:
                 model.close()
             except Exception:
                 log.exception("closing model %s failed", model.name)
+
+
+def compose_entry(entry, environment: Mapping[str, str] | None = None) -> ServedModel:
+    """The model a deployment's :class:`~processor.deployment.ModelEntry` describes, composed."""
+    return ServedModel.compose(entry.name, entry.config, raw_config=entry.raw_config, routing=entry.routing,
+                               threads=entry.threads, environment=environment)
 
 
 def apply_environment(configs: list[ModelConfig]) -> dict[str, str]:

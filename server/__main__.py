@@ -12,9 +12,11 @@ config or command line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
+import signal
 import sys
 
 from processor.errors import ConfigError
@@ -61,20 +63,21 @@ def _demo_deployment() -> dict:
     return {"models": [{"name": DEMO_MODEL, "model_config": demo_model_config(paths)}]}
 
 
+def overrides(args: argparse.Namespace) -> dict:
+    """The deployment keys the command line sets (None: the file's)."""
+    return {"http_port": args.http_port, "grpc_port": args.grpc_port, "host": args.host, "workers": args.workers}
+
+
 def load_deployment(args: argparse.Namespace):
     """(the validated deployment, the JSON it was validated from, overrides applied)."""
-    from processor.config import read_json_file
     from processor.deployment import DeploymentConfig
 
+    from .model_set import read_deployment
+
     if args.config:
-        data = read_json_file(args.config, "--config")  # ConfigError: unreadable, not UTF-8, not JSON
-    else:
-        data = _demo_deployment()
-    if isinstance(data, dict):
-        for key, value in (("http_port", args.http_port), ("grpc_port", args.grpc_port),
-                           ("host", args.host), ("workers", args.workers)):
-            if value is not None:
-                data[key] = value
+        return read_deployment(args.config, overrides(args))  # ConfigError: unreadable, not JSON, invalid
+    data = _demo_deployment()
+    data.update({k: v for k, v in overrides(args).items() if v is not None})
     return DeploymentConfig.from_dict(data), data
 
 
@@ -102,6 +105,10 @@ def example_request(app: ServingApp, name: str) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     """Run the server; returns (for bad configs) or ends the process with the exit status."""
     args = _parser().parse_args(argv)
+    # SIGHUP re-reads the deployment file once the server handles it (server/model_set.py); until
+    # then (imports, a worker's first loads) it must not end the process, its default action
+    with contextlib.suppress(ValueError):  # not the main thread (a test calling main): no signals
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
         deployment, data = load_deployment(args)
@@ -124,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             log.info("admin endpoints disabled: no admin token configured (admin_token_env)")
     if deployment.workers > 1 and not args.worker_of:
-        return _supervise(deployment, data, args.ports_file)
+        return _supervise(deployment, data, args.ports_file, args)
     if args.worker_of:  # the parameters of ONNX models go to the server's shared memory
         from processor import shared_segments
 
@@ -140,6 +147,12 @@ def main(argv: list[str] | None = None) -> int:
         from .admin_journal import AdminJournal
 
         app.runtime.admin_journal = AdminJournal(args.admin_journal, app.runtime)
+    if args.config:  # the live model set: the file re-read when it changes (a worker's: on SIGHUP)
+        from .model_set import ModelSet, read_deployment
+
+        app.runtime.model_set = ModelSet(
+            app.runtime, lambda: read_deployment(args.config, overrides(args))[0], args.config,
+            0.0 if args.worker_of else deployment.model_config_file_poll_wait_seconds)
     app.runtime.on_model_ready.append(lambda name: tune_gc())
     if not args.config:
         def announce_demo(name: str) -> None:
@@ -159,11 +172,12 @@ def _tag_log_lines() -> None:
             handler.formatter.worker = os.getpid()
 
 
-def _supervise(deployment, data: dict, ports_file: str | None) -> int:
+def _supervise(deployment, data: dict, ports_file: str | None, args: argparse.Namespace) -> int:
     """workers > 1: this process supervises the workers (server/supervisor.py)."""
     from .supervisor import Supervisor
 
-    return _run_and_exit(Supervisor(deployment, data, ports_file).run)
+    return _run_and_exit(Supervisor(deployment, data, ports_file, config_path=args.config,
+                                    overrides=overrides(args)).run)
 
 
 def _run_and_exit(run) -> int:

@@ -77,6 +77,11 @@ class ModelPool:
         with self._lock:
             self._pending -= 1
 
+    def retire(self) -> None:
+        """Stop taking work; what waits still runs, then the threads end (a model's pool that a
+        live reload replaced or removed)."""
+        self.executor.shutdown(wait=False)
+
     def shutdown(self) -> None:
         """Stop taking work; what waits is cancelled (never run, so never counted down)."""
         self.executor.shutdown(wait=False, cancel_futures=True)

@@ -28,7 +28,7 @@ from typing import Any
 from processor.echo import cut
 from processor.dataplane import DataPlane
 from processor.deployment import DeploymentConfig
-from processor.errors import as_processor_error, edge_error
+from processor.errors import ProcessorError, as_processor_error, edge_error
 from processor.request import PredictCall, PredictResult, answer_note_var
 from processor.served_model import ModelRegistry, ServedModel
 
@@ -63,6 +63,7 @@ class ServingRuntime:
         self._loaders: list[threading.Thread] = []
         self.on_model_ready: list[Callable[[str], None]] = []  # called with the model name
         self.admin_journal = None  # workers > 1: a server/admin_journal.AdminJournal
+        self.model_set = None  # started from a file: a server/model_set.ModelSet (the live model set)
 
     def model(self, name: str) -> ServedModel:
         """The served model; NotFound naming the served ones."""
@@ -76,12 +77,14 @@ class ServingRuntime:
     def start_models(self) -> None:
         """Load every model on its own background thread; failures are logged, not raised."""
         for model in self.models:
-            thread = threading.Thread(target=self._start_one, args=(model,), daemon=True,
+            thread = threading.Thread(target=self.start_model, args=(model,), daemon=True,
                                       name=f"sp-load-{model.name}")
             thread.start()
             self._loaders.append(thread)
 
-    def _start_one(self, model: ServedModel) -> None:
+    def start_model(self, model: ServedModel) -> ProcessorError | None:
+        """Load ``model`` (on the caller's thread); None once it serves, else its error (logged
+        and counted, never raised); ``on_model_ready`` callbacks run on success."""
         name = model.name
         started = time.monotonic()
         try:
@@ -91,7 +94,7 @@ class ServingRuntime:
             self.metrics.observe_update(name, "start", time.monotonic() - started, ok=False)
             log.error("model %s failed to load: %s", name, err.message,
                       extra={"model": name, "code": err.code.name})
-            return
+            return err
         self.metrics.observe_update(name, "start", time.monotonic() - started, ok=True)
         served = model.served_version()
         log.info("model %s ready, version %s (%.2f s)", name, served.label if served else "?",
@@ -101,6 +104,41 @@ class ServingRuntime:
                 callback(name)
             except Exception:
                 log.exception("on_model_ready callback failed")
+        return None
+
+    # --- the live model set (server/model_set.py) -------------------------------------------
+
+    def put_model(self, model: ServedModel, entry) -> ServedModel | None:
+        """Serve ``model`` (started) under its name, with its deployment ``entry``'s pool
+        settings; returns the model it replaced, still open (:meth:`retire_model` it). Requests
+        admitted before keep what they found; the next ones find ``model``."""
+        old_pool = self._pools.get(model.name)
+        threads, queued = model.threads or 2, _max_queued(entry)
+        if old_pool is None or (old_pool.threads, old_pool.max_queued) != (threads, queued):
+            self._pools = {**self._pools, model.name: ModelPool(model.name, threads, queued)}
+            if old_pool is not None:
+                old_pool.retire()
+        old = self.models.put(model)
+        self.dataplane.refresh()
+        return old
+
+    def drop_model(self, name: str) -> ServedModel | None:
+        """Stop serving model ``name``: from now on its requests are NOT_FOUND; returns it,
+        still open (:meth:`retire_model` it)."""
+        old = self.models.pop(name)
+        self.dataplane.refresh()
+        pools = dict(self._pools)
+        pool = pools.pop(name, None)
+        self._pools = pools
+        if pool is not None:
+            pool.retire()
+        return old
+
+    def retire_model(self, model: ServedModel) -> None:
+        """Close a model no longer served: its batching queue runs what it holds, its versions
+        are freed as their in-flight requests end."""
+        model.drain(timeout=self.deployment.drain_timeout_seconds)
+        model.close()
 
     def wait_models(self, timeout: float | None = None) -> None:
         """Wait until every start attempt has finished (loaded or failed)."""
@@ -267,6 +305,8 @@ class ServingRuntime:
     # --- shutdown ---------------------------------------------------------------------------
 
     def close(self) -> None:
+        if self.model_set is not None:
+            self.model_set.stop()
         self.models.drain(timeout=self.deployment.drain_timeout_seconds)  # runs what is still queued
         for pool in self._pools.values():
             pool.shutdown()

@@ -21,7 +21,12 @@
    the ports file is rewritten with the new pid once the new worker listens;
 6. admin actions reach every worker through the admin journal in the run directory
    (server/admin_journal.py), a restarted worker included;
-7. SIGTERM / SIGINT: forwarded to every worker, each drains within ``drain_timeout_seconds``;
+7. the live model set (server/model_set.py): the deployment file is re-read when it changes
+   (every ``model_config_file_poll_wait_seconds``) and on SIGHUP; a valid new one is written
+   over the workers' copy (the ports they share kept) and each worker is sent SIGHUP to apply it,
+   so every worker follows and a worker restarted later starts from it; an invalid one is logged
+   and changes nothing;
+8. SIGTERM / SIGINT: forwarded to every worker, each drains within ``drain_timeout_seconds``;
    a worker still alive 10 s after that is killed. Exit status: 0 when every worker drained
    cleanly, 1 otherwise. A second signal is forwarded too (the workers exit at once) and the
    supervisor exits 1. At the end it removes its shared-memory files, its metrics directory
@@ -49,6 +54,9 @@ from typing import Any
 
 from processor import shared_segments
 from processor.deployment import DeploymentConfig
+from processor.errors import ConfigError
+
+from .model_set import FileChanges, read_deployment
 
 log = logging.getLogger("server")
 
@@ -95,9 +103,15 @@ class Supervisor:
 
     def __init__(self, deployment: DeploymentConfig, data: dict[str, Any],
                  ports_file: str | os.PathLike | None = None,
-                 announce: Callable[[str], None] | None = None) -> None:
+                 announce: Callable[[str], None] | None = None, config_path: str | None = None,
+                 overrides: dict[str, Any] | None = None) -> None:
         self.deployment = deployment
         self.data = dict(data)
+        # the live model set: the file the server was started with, and the command line's keys
+        self._source = FileChanges(config_path) if config_path else None
+        self._config_path, self._overrides = config_path, dict(overrides or {})
+        self._hup = False
+        self._next_poll = 0.0
         self.ports_file = Path(ports_file) if ports_file else None
         self.announce = announce or (lambda line: print(line, flush=True))
         self.ports: dict[str, int] = {}
@@ -114,6 +128,9 @@ class Supervisor:
         dep = self.deployment
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
+        if self._source is not None:
+            self._source.note()
+            signal.signal(signal.SIGHUP, self._on_hup)
         self._lock = shared_segments.ServerLock()
         if self._lock.removed_stale:
             log.info("removed %d shared-memory file(s) of servers that died without cleaning up",
@@ -210,7 +227,36 @@ class Supervisor:
                     log.info("worker %d (pid %d) serves again", worker.index, worker.proc.pid)
                 joining = [w for w in joining if w not in listening]
                 self._write_ports(announce=False)  # the new pids
+            self._follow_config(now)
             time.sleep(0.1)
+
+    def _follow_config(self, now: float) -> None:
+        """Re-read the deployment file when it changed (polled) or on SIGHUP; hand a valid one to
+        every worker (see the module doc)."""
+        poll = self.deployment.model_config_file_poll_wait_seconds
+        if self._source is None or not (self._hup or (poll > 0 and now >= self._next_poll)):
+            return
+        forced, self._hup = self._hup, False
+        self._next_poll = now + poll
+        if not (self._source.changed() or forced):
+            return
+        try:
+            _, data = read_deployment(self._config_path, self._overrides)
+        except ConfigError as exc:
+            log.error("deployment reload refused, the workers keep their models: %s", exc.message)
+            return
+        for key in PORT_KEYS:  # the ports the workers share stay the reserved ones
+            if key in self.data:
+                data[key] = self.data[key]
+        staging = self._config.with_suffix(".new")
+        staging.write_text(json.dumps(data))
+        os.replace(staging, self._config)
+        self.data = data
+        log.info("deployment file changed: the workers apply it")
+        self._forward(signal.SIGHUP)
+
+    def _on_hup(self, _sig: int, _frame: Any) -> None:
+        self._hup = True
 
     def _reap(self) -> None:
         """Notice workers that exited; schedule their restart (not while stopping)."""
