@@ -1,7 +1,8 @@
 """Admin endpoints: ``POST /admin/models/{model}/reload``, ``POST /admin/models/{model}/rollback``,
-``PUT|DELETE /admin/models/{model}/pin``, and who may call them (:class:`AdminGate`). Every admin
-call is logged with the caller's address; the work runs on the default executor, never on the
-event loop."""
+``PUT|DELETE /admin/models/{model}/pin``, ``GET|PUT /admin/models/{model}/routing`` (labels,
+traffic split, shadow: :mod:`processor.routing`), and who may call them (:class:`AdminGate`).
+Every admin call is logged with the caller's address; the work runs on the default executor,
+never on the event loop."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import hashlib
 import hmac
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from ..runtime import ServingRuntime
 from .errors import ADMIN_ERRORS, error_response
@@ -29,6 +31,20 @@ class PinBody(BaseModel):
 
 class RollbackBody(BaseModel):
     version: int | None = Field(None, ge=0, description="version to serve; omitted: the previous one")
+
+
+class RoutingBody(BaseModel):
+    """A routing change: each part given replaces that part whole, ``null`` clears it; a part
+    left out stays. Checked whole against the served versions (400 naming the problem, nothing
+    changed)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version_labels: dict[str, int] | None = Field(None, description='label -> version: {"stable": 1, "canary": 2}')
+    traffic: dict[str, float] | None = Field(None, description='arm (a label or a version number) -> weight: '
+                                                                '{"stable": 95, "canary": 5}')
+    shadow: dict[str, Any] | None = Field(None, description='{"label": "canary", "fraction": 0.1} or '
+                                                             '{"version": 2}: a copy of that share of calls')
 
 
 def register(app: FastAPI, rt: ServingRuntime) -> None:
@@ -77,6 +93,18 @@ def register(app: FastAPI, rt: ServingRuntime) -> None:
                 summary="Unpin: follow the newest version again")
     async def admin_unpin(model: str, request: Request) -> Response:
         return await admin(request, model, "unpin", lambda caller: rt.unpin(model, caller=caller))
+
+    @app.get("/admin/models/{model}/routing", tags=["admin"], responses=ADMIN_ERRORS,
+             summary="The model's labels, traffic split and shadow")
+    async def admin_routing(model: str, request: Request) -> Response:
+        return await admin(request, model, "routing", lambda _: {"model": model,
+                                                                 "routing": rt.model(model).router.describe()})
+
+    @app.put("/admin/models/{model}/routing", tags=["admin"], responses=ADMIN_ERRORS,
+             summary="Change the model's labels, traffic split or shadow (every worker)")
+    async def admin_route(model: str, body: RoutingBody, request: Request) -> Response:
+        changes = body.model_dump(exclude_unset=True)  # a part sent as null clears it
+        return await admin(request, model, "routing change", lambda caller: rt.route(model, changes, caller=caller))
 
 
 class AdminGate:

@@ -4,7 +4,10 @@ Endpoints (OpenAPI at ``/docs`` and ``/openapi.json``):
 
 * ``POST /api/predict/{model}``: our wire format, a serialized ``tensorflow.eas.PredictRequest``
   in, ``PredictResponse`` bytes out (DeepRec / EAS); an empty body returns the signature JSON,
-  as ``process()`` does. ``GET /api/models``, ``GET /api/models/{model}``: model info.
+  as ``process()`` does; ``/api/predict/{model}/versions/{n}`` and ``.../labels/{l}``: on that
+  version. ``GET /api/models``, ``GET /api/models/{model}``: model info.
+* Every inference answer (our wire format, TF Serving REST, KServe v2) names the version that
+  answered in ``X-Model-Version``; ``X-Routing-Key`` picks the arm of a model's traffic split.
 * TensorFlow Serving REST: ``POST /v1/models/{name}[/versions/{v}|/labels/{l}]:predict``
   (row and columnar JSON, b64), ``:classify`` and ``:regress`` (``examples``, ``context``),
   ``GET /v1/models/{name}[/versions/{v}|/labels/{l}][/metadata]`` (status, metadata: every
@@ -13,7 +16,8 @@ Endpoints (OpenAPI at ``/docs`` and ``/openapi.json``):
   (every model loaded and warm, not draining), ``/v2/models/{name}/ready``.
 * Prometheus: ``/metrics`` and ``/monitoring/prometheus/metrics``.
 * Admin: ``POST /admin/models/{model}/reload``, ``POST /admin/models/{model}/rollback``,
-  ``PUT|DELETE /admin/models/{model}/pin``. They need the admin token (``Authorization: Bearer``
+  ``PUT|DELETE /admin/models/{model}/pin``, ``GET|PUT /admin/models/{model}/routing`` (labels,
+  traffic split, shadow). They need the admin token (``Authorization: Bearer``
   or ``X-Admin-Token``, compared in constant time); with no token configured they answer 403,
   unless ``admin_allow_without_token`` is set on a loopback-only host. With ``admin_client_cert``
   an HTTPS client whose certificate the client CA verified is let in without the token

@@ -1,10 +1,14 @@
-"""The predict endpoints as plain ASGI handlers: ``POST /api/predict/{model}`` (our wire format)
-and ``POST /v1/models/...:predict|classify|regress`` (TF Serving REST).
+"""The predict endpoints as plain ASGI handlers: ``POST /api/predict/{model}[/versions/{n}|/labels/{l}]``
+(our wire format) and ``POST /v1/models/...:predict|classify|regress`` (TF Serving REST).
 
 They are the hot path, so :class:`~server.http.app.RequestContext` sends them here directly,
 skipping FastAPI's routing and request objects (about a fifth of a batch-1 request's CPU); the
 FastAPI routes for the same URLs (what OpenAPI documents) call the same methods. Model work runs
 on the model's thread pool; errors are mapped once, through ``STATUS_TABLE``.
+
+Every inference route (these, KServe v2's) passes the ``X-Routing-Key`` header on as the call's
+``routing_key`` (what a model's traffic split hashes: one key, one version) and answers with
+``X-Model-Version``, the number of the version that answered (:func:`version_header`).
 """
 
 from __future__ import annotations
@@ -40,6 +44,10 @@ PREDICT_PATH = re.compile(  # ASCII digits (\d takes "²"); parse_version refuse
     r"^/v1/models/([^/:]+)(?:/versions/([0-9]+)|/labels/([^/:]+))?:(classify|regress|predict)$", re.I)
 
 
+ROUTING_KEY = b"x-routing-key"
+MODEL_VERSION = b"x-model-version"
+
+
 @dataclass(frozen=True)
 class Reply:
     status: int
@@ -58,8 +66,38 @@ class Later:
     run: Callable[[bytes | bytearray, list], Awaitable[Reply]]
 
 
+def version_header(number: int | str) -> tuple[bytes, bytes]:
+    """The ``X-Model-Version`` response header naming the version that answered (its number)."""
+    return MODEL_VERSION, (b"%d" % number if number.__class__ is int else number.encode())
+
+
 def _eas_reply(result) -> Reply:
-    return Reply(200, result.outputs, JSON if result.introspection else PROTOBUF)
+    return Reply(200, result.outputs, JSON if result.introspection else PROTOBUF,
+                 (version_header(result.version_number),))
+
+
+def eas_call(model: str, body: bytes | bytearray, headers: list, version: int | None = None,
+             label: str | None = None) -> PredictCall:
+    """The call of a wire-format request whose whole body is in hand (the lean path): its
+    deadline counted from now, its routing key from its headers."""
+    return PredictCall(model, body, version, label, deadline=from_http_headers(headers),
+                       routing_key=routing_key(headers))
+
+
+def eas_target(path: str) -> tuple[str, str | None, str | None] | None:
+    """What a path under ``/api/predict/`` names: (model, version text or None, label or None);
+    None when it is no predict URL of ours (``{model}``, ``{model}/versions/{n}``,
+    ``{model}/labels/{l}``). The version text is parsed by the caller (a bad one is a 400)."""
+    rest = path[len(EAS_PREFIX):]
+    if "/" not in rest:
+        return (rest, None, None) if rest else None
+    parts = rest.split("/")
+    if len(parts) == 3 and parts[0] and parts[2]:
+        if parts[1] == "versions":
+            return parts[0], parts[2], None
+        if parts[1] == "labels":
+            return parts[0], None, parts[2]
+    return None
 
 
 def header(headers: list, name: bytes) -> str | None:
@@ -68,6 +106,11 @@ def header(headers: list, name: bytes) -> str | None:
         if key == name:
             return value.decode("latin-1")
     return None
+
+
+def routing_key(headers: list) -> str | None:
+    """The request's ``X-Routing-Key`` (None: none sent): the call's ``routing_key``."""
+    return header(headers, ROUTING_KEY)
 
 
 def error_reply(exc: BaseException) -> Reply:
@@ -129,10 +172,11 @@ class PredictRoutes:
     def route(self, path: str) -> Callable[[Receive, list], Awaitable[Reply]] | None:
         """The handler for a POST to ``path``, or None (not an inference URL)."""
         if path.startswith(EAS_PREFIX):
-            model = path[len(EAS_PREFIX):]
-            if model and "/" not in model:
-                return lambda receive, headers: self.eas(model, receive, headers)
-            return None
+            target = eas_target(path)
+            if target is None:
+                return None
+            model, version, label = target
+            return lambda receive, headers: self.eas(model, receive, headers, version, label)
         if PREDICT_PATH.match(path):
             return lambda receive, headers: self.tfs(path, receive, headers)
         for pattern, handler, _ in self._more:
@@ -141,39 +185,47 @@ class PredictRoutes:
                 return lambda receive, headers: handler(m, receive, headers)
         return None
 
-    async def eas(self, model: str, receive: Receive, headers: list) -> Reply:
-        """Serialized PredictRequest in, PredictResponse out; empty body: the signature JSON."""
+    async def eas(self, model: str, receive: Receive, headers: list, version: str | None = None,
+                  label: str | None = None) -> Reply:
+        """Serialized PredictRequest in, PredictResponse out; empty body: the signature JSON.
+        ``version``: the URL's version text (parsed here: a bad one is a 400), ``label``: its
+        label; neither: the default version, or the model's traffic split."""
         rt = self.rt
 
         async def work() -> Reply:
-            deadline = from_http_headers(headers)
+            deadline = from_http_headers(headers)  # counted from the request's arrival
+            wanted = None if version is None else parse_version(version)
             body = await read_body(receive, headers, self.limit)
-            return _eas_reply(await rt.predict_wire(PredictCall(model, body, deadline=deadline)))
+            return _eas_reply(await rt.predict_wire(PredictCall(model, body, wanted, label, deadline=deadline,
+                                                                routing_key=routing_key(headers))))
         return await tracked(self.rt, model, "predict", work, error_reply)
 
-    async def eas_later(self, model: str, body: bytes | bytearray, headers: list) -> Reply:
+    async def eas_later(self, model: str, body: bytes | bytearray, headers: list,
+                        *named: int | str | None) -> Reply:
         """:meth:`eas` of a request :meth:`lean_admit` took for a model that does not run it in
         place, whole body in hand: queued on a batching model's queue and awaited on this loop,
-        else on the model's pool (``ServingRuntime.predict_wire``). Never raises."""
+        else on the model's pool (``ServingRuntime.predict_wire``). ``named``: the version
+        (parsed) and label the URL names, given only when it names one. Never raises."""
         rt = self.rt
 
         async def work() -> Reply:
-            return _eas_reply(await rt.predict_wire(PredictCall(model, body, deadline=from_http_headers(headers))))
+            return _eas_reply(await rt.predict_wire(eas_call(model, body, headers, *named)))
         return await tracked(rt, model, "predict", work, error_reply)
 
     def lean_admit(self, url: bytes, headers: list) -> Now | Later | None:
         """The answer of a POST to ``url`` that the HTTP connection may give itself, once the
         whole body is in, before any task or ASGI message (``LimitedHttpProtocol``'s lean path);
         None: the request takes the ASGI path. Taken: a ``Content-Length`` and no percent-escape
-        in the URL, to our wire format (a body within ``max_request_bytes``: it is read as the
-        ASGI route reads it), TF Serving REST or a route :meth:`add`-ed with ``lean`` (a body of
-        at most ``inline_max_request_bytes``: a larger one is held against the decode memory
-        budget as it arrives, on the ASGI path). Answered here and now for a body of at most
-        ``inline_max_request_bytes`` to a model that runs such a request in place (our wire
-        format: whose last request ran in place, ``DataPlane.inline_hint``, the engine decides
-        per request; the others: ``ServingRuntime.in_place``, they decode on the caller's
-        thread); else a :class:`Later`, awaited on the loop without the ASGI cycle: the model's
-        batching queue or its pool."""
+        in the URL, to our wire format (any of its URLs whose version parses; a body within
+        ``max_request_bytes``: it is read as the ASGI route reads it), TF Serving REST or a
+        route :meth:`add`-ed with ``lean`` (a body of at most ``inline_max_request_bytes``: a
+        larger one is held against the decode memory budget as it arrives, on the ASGI path).
+        Answered here and now for a body of at most ``inline_max_request_bytes`` to a model
+        that runs such a request in place (our wire format: whose last request ran in place,
+        ``DataPlane.inline_hint``, the engine decides per request; the others:
+        ``ServingRuntime.in_place``, they decode on the caller's thread); else a
+        :class:`Later`, awaited on the loop without the ASGI cycle: the model's batching queue
+        or its pool."""
         if not self.inline_bytes or b"%" in url:
             return None
         length = header(headers, b"content-length")
@@ -182,12 +234,19 @@ class PredictRoutes:
         size = int(length)
         path = url.split(b"?", 1)[0].decode("latin-1")
         if path.startswith(EAS_PREFIX):
-            model = path[len(EAS_PREFIX):]
-            if not model or "/" in model or size > self.limit:  # over the limit: the ASGI route's 413
+            target = eas_target(path)
+            if target is None or size > self.limit:  # over the limit: the ASGI route's 413
                 return None
+            model, version, label = target
+            named: tuple = ()
+            if version is not None or label is not None:
+                try:  # a bad version takes the ASGI route, which answers it (400)
+                    named = (None if version is None else parse_version(version), label)
+                except InvalidArgument:
+                    return None
             if size <= self.inline_bytes and self.rt.dataplane.inline_hint(model):
-                return lambda body, headers_: self.eas_now(model, body, headers_)
-            return Later(lambda body, headers_: self.eas_later(model, body, headers_))
+                return lambda body, headers_: self.eas_now(model, body, headers_, *named)
+            return Later(lambda body, headers_: self.eas_later(model, body, headers_, *named))
         if size > self.inline_bytes:  # JSON and v2: the decode memory budget holds a large body as it comes
             return None
         m = PREDICT_PATH.match(path)
@@ -208,14 +267,14 @@ class PredictRoutes:
         except Exception as exc:
             return error_reply(exc)
 
-    def eas_now(self, model: str, body: bytes, headers: list) -> Reply:
+    def eas_now(self, model: str, body: bytes, headers: list, *named: int | str | None) -> Reply:
         """:meth:`eas` of a request :meth:`lean_admit` took, whole body in hand, on the event
         loop (the engine runs it in place; should the served version no longer run in place,
-        this one request runs here anyway). Never raises."""
+        this one request runs here anyway); ``named`` as :meth:`eas_later`'s. Never raises."""
         dataplane = self.rt.dataplane
 
         def work() -> Reply:
-            call = PredictCall(model, body, deadline=from_http_headers(headers))
+            call = eas_call(model, body, headers, *named)
             return _eas_reply(dataplane.try_inline(call, self.inline_bytes) or dataplane.predict(call))
         return self.now_tracked(model, "predict", work)
 
@@ -229,14 +288,15 @@ class PredictRoutes:
             deadline = from_http_headers(headers)
             with self.json_budget.hold() as hold:
                 body = await read_body(receive, headers, self.json_limit, hold, self.json_setting)
-                args = self._tfs_args(m, body, deadline, hold)
-                return Reply(200, await self.rt.serve(name, len(body), tfs_predict, *args))
+                args = self._tfs_args(m, body, deadline, hold, routing_key(headers))
+                return await self.rt.serve(name, len(body), tfs_reply, *args)
         return await tracked(self.rt, name, f"tfs_{method}", work, error_reply)
 
-    def _tfs_args(self, m: re.Match, body: bytes | bytearray, deadline: float | None, hold: Hold) -> tuple:
-        """:func:`tfs_predict`'s arguments for a request to the path ``m`` matched."""
+    def _tfs_args(self, m: re.Match, body: bytes | bytearray, deadline: float | None, hold: Hold,
+                  key: str | None) -> tuple:
+        """:func:`tfs_reply`'s arguments for a request to the path ``m`` matched."""
         return (self.rt, m.group(1), _tfs_version(m), m.group(3), m.group(4).lower(), body, deadline,
-                self.json_limits, hold)
+                self.json_limits, hold, key)
 
     def _tfs_lean(self, m: re.Match, length: int) -> Now | Later | None:
         """:meth:`tfs` on the lean path (see :meth:`lean_admit`); a version that is not a number
@@ -247,16 +307,17 @@ class PredictRoutes:
             _tfs_version(m)
         except InvalidArgument:
             return None
-        return self.budgeted(m.group(1), f"tfs_{m.group(4).lower()}", length, lambda body, deadline, hold: Reply(
-            200, tfs_predict(*self._tfs_args(m, body, deadline, hold))))
+        return self.budgeted(m.group(1), f"tfs_{m.group(4).lower()}", length, lambda body, deadline, hold, key: (
+            tfs_reply(*self._tfs_args(m, body, deadline, hold, key))))
 
-    def budgeted(self, model: str, api: str, size: int, run: Callable[[bytes, float | None, Hold], Reply]
-                 ) -> Now | Later:
+    def budgeted(self, model: str, api: str, size: int,
+                 run: Callable[[bytes, float | None, Hold, str | None], Reply]) -> Now | Later:
         """The lean answer of an ``api`` request of ``size`` bytes to ``model`` that
-        ``run(body, deadline, hold)`` decodes and answers, the body's bytes held from the decode
-        memory budget (as ``read_body`` holds them on the ASGI path), tracked: here and now on
-        the loop when the model runs such a request in place (``ServingRuntime.in_place``:
-        :meth:`now_tracked`), else a :class:`Later` awaiting ``run`` on the model's pool."""
+        ``run(body, deadline, hold, routing_key)`` decodes and answers, the body's bytes held
+        from the decode memory budget (as ``read_body`` holds them on the ASGI path), tracked:
+        here and now on the loop when the model runs such a request in place
+        (``ServingRuntime.in_place``: :meth:`now_tracked`), else a :class:`Later` awaiting
+        ``run`` on the model's pool."""
         rt, budget = self.rt, self.json_budget
 
         if rt.in_place(model, size):
@@ -265,7 +326,7 @@ class PredictRoutes:
                     deadline = from_http_headers(headers)
                     with budget.hold() as hold:
                         hold.need(len(body))
-                        return run(body, deadline, hold)
+                        return run(body, deadline, hold, routing_key(headers))
                 return self.now_tracked(model, api, work)
             return now
 
@@ -274,7 +335,7 @@ class PredictRoutes:
                 deadline = from_http_headers(headers)
                 with budget.hold() as hold:
                     hold.need(len(body))
-                    return await rt.run(model, run, body, deadline, hold)
+                    return await rt.run(model, run, body, deadline, hold, routing_key(headers))
             return await tracked(rt, model, api, work, error_reply)
         return Later(later)
 
@@ -352,38 +413,63 @@ def tfs_inputs(body: bytes | bytearray, limits: tfs_json.Limits = tfs_json.Limit
     return TfsJsonInputs(tfs_json.parse_request(body, limits), body, charge)
 
 
-def tfs_predict(rt: ServingRuntime, name: str, version: int | None, label: str | None, method: str,
-                body: bytes | bytearray, deadline: float | None = None,
-                limits: tfs_json.Limits = tfs_json.Limits(), hold: Hold | None = None) -> bytes | bytearray:
+def tfs_reply(rt: ServingRuntime, name: str, version: int | None, label: str | None, method: str,
+              body: bytes | bytearray, deadline: float | None = None, limits: tfs_json.Limits = tfs_json.Limits(),
+              hold: Hold | None = None, key: str | None = None) -> Reply:
     """TF Serving REST ``method`` (predict, classify, regress; on the model's thread pool): JSON
-    in, JSON out. Predict's shapes are TF Serving's: the graph decides (``check_shapes=False``)."""
+    in, JSON out, with ``X-Model-Version``. ``key``: the call's routing key. Predict's shapes are
+    TF Serving's: the graph decides (``check_shapes=False``)."""
     if method != "predict":
-        return tfs_classify_regress(rt, name, version, label, method, body, deadline, limits.max_depth)
+        return tfs_classify_regress(rt, name, version, label, method, body, deadline, limits.max_depth, key)
     size = len(body)
     try:
         inputs = tfs_inputs(body, limits, hold.charge if hold else None)
         try:
-            outputs = rt.dataplane.predict(PredictCall(name, inputs, version=version, label=label,
-                                                       signature_name=inputs.signature_name,
-                                                       deadline=deadline, check_shapes=False)).outputs
+            result = rt.dataplane.predict(PredictCall(name, inputs, version=version, label=label,
+                                                      signature_name=inputs.signature_name, deadline=deadline,
+                                                      check_shapes=False, routing_key=key))
         except SignatureNotFound as exc:  # TF Serving's REST wording
             raise InvalidArgument(f"Serving signature name: {json.dumps(exc.name[:80])} not found in "
                                   f"signature def") from None
-        return tfs_json_encode.encode_predict(outputs, inputs.format)
+        return Reply(200, tfs_json_encode.encode_predict(result.outputs, inputs.format),
+                     headers=(version_header(result.version_number),))
     finally:
         if size >= tfs_json.SMALL_BODY:
             trim_heap()  # hand the freed decode memory back to the OS
 
 
+def tfs_predict(rt: ServingRuntime, name: str, version: int | None, label: str | None, method: str,
+                body: bytes | bytearray, deadline: float | None = None,
+                limits: tfs_json.Limits = tfs_json.Limits(), hold: Hold | None = None) -> bytes | bytearray:
+    """:func:`tfs_reply`'s body alone (in-process callers that want the JSON only)."""
+    return tfs_reply(rt, name, version, label, method, body, deadline, limits, hold).body
+
+
+class _KeyedDataPlane:
+    """A DataPlane whose ``predict`` gives every call ``key`` as its routing key: for
+    :mod:`server.tfs_inference`, which builds its calls itself and takes no routing key."""
+
+    __slots__ = ("dataplane", "key")
+
+    def __init__(self, dataplane, key: str) -> None:
+        self.dataplane, self.key = dataplane, key
+
+    def predict(self, call: PredictCall):
+        return self.dataplane.predict(call._replace(routing_key=self.key))
+
+
 def tfs_classify_regress(rt: ServingRuntime, name: str, version: int | None, label: str | None, method: str,
                          body: bytes | bytearray, deadline: float | None = None,
-                         max_depth: int = tfs_json.MAX_DEPTH) -> bytes:
+                         max_depth: int = tfs_json.MAX_DEPTH, key: str | None = None) -> Reply:
     """TF Serving REST ``:classify`` / ``:regress`` (on the model's thread pool): the examples
-    JSON (:mod:`server.http.tfs_examples`) in, ``{"results": ...}`` out."""
+    JSON (:mod:`server.http.tfs_examples`) in, ``{"results": ...}`` out, with ``X-Model-Version``;
+    ``key``: the call's routing key."""
     types = messages()
     request = types.ClassificationRequest() if method == "classify" else types.RegressionRequest()
     request.model_spec.name = name
     tfs_examples.fill_request(body, request, max_depth)
     run = tfs_inference.classify if method == "classify" else tfs_inference.regress
-    response = run(rt.dataplane, request, deadline, (version, label))
-    return json.dumps(tfs_inference.result_json(method, response)).encode()
+    dataplane = rt.dataplane if not key else _KeyedDataPlane(rt.dataplane, key)
+    response = run(dataplane, request, deadline, (version, label))
+    return Reply(200, json.dumps(tfs_inference.result_json(method, response)).encode(),
+                 headers=(version_header(response.model_spec.version.value),))

@@ -1,6 +1,9 @@
 """Our own HTTP protocol: ``POST /api/predict/{model}`` (a serialized ``tensorflow.eas.PredictRequest``
 in, ``PredictResponse`` bytes out; an empty body returns the signature JSON, as ``process()``
-does), ``GET /api/models`` and ``GET /api/models/{model}`` (model info)."""
+does), ``POST /api/predict/{model}/versions/{n}`` and ``.../labels/{l}`` (the same, on that
+version: 404 when it is not served, 400 for a version that is not a number), ``GET /api/models``
+and ``GET /api/models/{model}`` (model info). Every predict answer names the version that
+answered in ``X-Model-Version``; ``X-Routing-Key`` picks the arm of a model's traffic split."""
 
 from __future__ import annotations
 
@@ -16,15 +19,28 @@ def register(app: FastAPI, rt: ServingRuntime, predict: PredictRoutes) -> None:
     """Add the routes to ``app``; ``predict``: the hot path's handlers (which answer predict
     requests before routing: the route is there for OpenAPI and calls the same handler)."""
 
-    @app.post("/api/predict/{model}", tags=["processor"], summary="Predict (tensorflow.eas wire format)",
-              openapi_extra={"requestBody": {"content": {PROTOBUF: {"schema": {
-                  "type": "string", "format": "binary"}}}, "description":
-                  "serialized tensorflow.eas.PredictRequest; empty: returns the signature as JSON"}},
-              responses={200: {"content": {PROTOBUF: {}}, "description": "serialized PredictResponse"},
-                         **PREDICT_ERRORS})
+    def documented(summary: str) -> dict:
+        """The OpenAPI description of a predict route."""
+        return {"tags": ["processor"], "summary": summary, "openapi_extra": {"requestBody": {
+            "content": {PROTOBUF: {"schema": {"type": "string", "format": "binary"}}}, "description":
+                "serialized tensorflow.eas.PredictRequest; empty: returns the signature as JSON"}},
+            "responses": {200: {"content": {PROTOBUF: {}}, "description": "serialized PredictResponse",
+                                "headers": {"X-Model-Version": {"description": "the version that answered",
+                                                                "schema": {"type": "integer"}}}},
+                          **PREDICT_ERRORS}}
+
+    # RequestContext answers these requests itself (PredictRoutes); these routes document them
+    @app.post("/api/predict/{model}", **documented("Predict (tensorflow.eas wire format)"))
     async def eas_predict(model: str, request: Request) -> Response:
-        # RequestContext answers these requests itself (PredictRoutes); this route documents them
         return as_response(await predict.eas(model, request.receive, request.scope["headers"]))
+
+    @app.post("/api/predict/{model}/versions/{version}", **documented("Predict on one version"))
+    async def eas_predict_version(model: str, version: str, request: Request) -> Response:
+        return as_response(await predict.eas(model, request.receive, request.scope["headers"], version))
+
+    @app.post("/api/predict/{model}/labels/{label}", **documented("Predict on a labelled version"))
+    async def eas_predict_label(model: str, label: str, request: Request) -> Response:
+        return as_response(await predict.eas(model, request.receive, request.scope["headers"], None, label))
 
     @app.get("/api/models", tags=["processor"], summary="Served models and their states")
     async def list_models() -> dict:

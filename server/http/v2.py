@@ -43,7 +43,8 @@ from . import v2_json
 from .body import read_body
 from .memory_budget import Hold, trim_heap
 from .v2_prepared import PreparedInfers
-from .predict import Later, Now, PredictRoutes, Reply, as_response, error_reply, header, tracked
+from .predict import (Later, Now, PredictRoutes, Reply, as_response, error_reply, header, routing_key, tracked,
+                      version_header)
 from .tfs_json import DEFAULT_MAX_ELEMENTS, SMALL_BODY
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -111,7 +112,8 @@ def register(app, rt: ServingRuntime, errors: dict, routes: PredictRoutes) -> No
             with routes.json_budget.hold() as hold:
                 body = await read_body(receive, headers, limit, hold, setting)
                 limits = BodyLimits(limit, setting, routes.json_limits.max_elements, hold)
-                args = (rt, model, version, body, header_length, deadline, limits, encoding, prepared)
+                args = (rt, model, version, body, header_length, deadline, limits, encoding, prepared,
+                        routing_key(headers))
                 if encoding is not None:  # inflated, it may be any size: never in place
                     return await rt.run(model, infer_http, *args)
                 return await rt.serve(model, len(body), infer_http, *args)
@@ -126,9 +128,9 @@ def register(app, rt: ServingRuntime, errors: dict, routes: PredictRoutes) -> No
         if header(headers, b"content-encoding") is not None or length > limit:
             return None
 
-        return routes.budgeted(model, "v2_infer", length, lambda body, deadline, hold: infer_http(
+        return routes.budgeted(model, "v2_infer", length, lambda body, deadline, hold, key: infer_http(
             rt, model, version, body, header_length, deadline,
-            BodyLimits(limit, setting, routes.json_limits.max_elements, hold), None, prepared))
+            BodyLimits(limit, setting, routes.json_limits.max_elements, hold), None, prepared, key))
 
     routes.add(INFER_PATH, infer, lean_infer)
 
@@ -185,10 +187,13 @@ def inflate(body: bytes | bytearray, wbits: int, limits: BodyLimits) -> bytearra
 
 def infer_http(rt: ServingRuntime, model: str, version: str | None, body: bytes | bytearray,
                header_length: str | None, deadline: float | None, limits: BodyLimits | None = None,
-               encoding: int | None = None, prepared: PreparedInfers | None = None) -> Reply:
-    """One v2 infer request (on the model's thread pool): body in, reply out. ``encoding``: the
-    zlib ``wbits`` of a compressed body (:func:`_encoding`); ``prepared``: the binary request
-    forms seen before (:mod:`.v2_prepared`), None to answer every request the ordinary way."""
+               encoding: int | None = None, prepared: PreparedInfers | None = None,
+               key: str | None = None) -> Reply:
+    """One v2 infer request (on the model's thread pool): body in, reply out, with
+    ``X-Model-Version``. ``encoding``: the zlib ``wbits`` of a compressed body
+    (:func:`_encoding`); ``prepared``: the binary request forms seen before
+    (:mod:`.v2_prepared`), None to answer every request the ordinary way; ``key``: the call's
+    routing key (a prepared form never meets a traffic split: ``DataPlane.prepares``)."""
     limits = limits or BodyLimits(rt.deployment.max_request_bytes)
     size = len(body)
     try:
@@ -198,7 +203,7 @@ def infer_http(rt: ServingRuntime, model: str, version: str | None, body: bytes 
             reply = prepared.answer(rt, model, version, body, header_length, deadline)
             if reply is not None:
                 return reply
-        return _infer(rt, model, version, body, header_length, deadline, limits, prepared)
+        return _infer(rt, model, version, body, header_length, deadline, limits, prepared, key)
     finally:
         if max(size, len(body)) > SMALL_BODY:
             trim_heap()  # hand the freed decode memory back to the OS
@@ -206,13 +211,16 @@ def infer_http(rt: ServingRuntime, model: str, version: str | None, body: bytes 
 
 def _infer(rt: ServingRuntime, model: str, version: str | None, body: bytes | bytearray,
            header_length: str | None, deadline: float | None, limits: BodyLimits,
-           prepared: PreparedInfers | None = None) -> Reply:
+           prepared: PreparedInfers | None = None, key: str | None = None) -> Reply:
     doc, binary = _split_body(body, header_length)
     inputs = _inputs(doc, binary)
     wanted, binary_out = _outputs(doc)
     charge = limits.hold.charge if limits.hold is not None else None
-    number, outputs = oip.infer(rt, model, version, inputs, [name for name, _ in wanted] if wanted else None,
-                                deadline, limits.max_elements, charge)
+    call = oip.infer_call(model, version, inputs, [name for name, _ in wanted] if wanted else None,
+                          limits.max_elements, charge, deadline)
+    # oip.infer takes no routing key: its call is made here, the key put in (only when sent)
+    result = rt.dataplane.predict(call._replace(routing_key=key) if key else call)
+    number, outputs = str(result.version_number), result.outputs
     if prepared is not None and header_length is not None:
         prepared.learn(rt, model, version, bytes(body[:len(body) - len(binary)]), doc, inputs, wanted, binary_out,
                        number, outputs)
@@ -236,9 +244,9 @@ def _infer(rt: ServingRuntime, model: str, version: str | None, body: bytes | by
         _dumps(model), _dumps(number), b", ".join(out_json),
         b', "id": ' + _dumps(request_id) if isinstance(request_id, str) else b"")
     if not blobs:
-        return Reply(200, header)
+        return Reply(200, header, headers=(version_header(number),))
     return Reply(200, header + b"".join(blobs), "application/octet-stream",
-                 ((HEADER_LENGTH.encode(), str(len(header)).encode()),))
+                 ((HEADER_LENGTH.encode(), str(len(header)).encode()), version_header(number)))
 
 
 def _dumps(value: Any) -> bytes:

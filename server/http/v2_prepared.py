@@ -19,7 +19,7 @@ import numpy as np
 from .. import open_inference as oip
 from ..infer_forms import InferForms
 from ..runtime import ServingRuntime
-from .predict import Reply
+from .predict import Reply, version_header
 
 HEADER_LENGTH = b"inference-header-content-length"
 _SHAPE, _SIZE = -7340033001, -7340033002  # template holes: no shape or size holds these
@@ -82,7 +82,7 @@ class PreparedInfers:
                        template.pieces[2 * i + 2]]
         header = b"".join(pieces)
         return Reply(200, header + b"".join(blobs), "application/octet-stream",
-                     ((HEADER_LENGTH, b"%d" % len(header)),))
+                     ((HEADER_LENGTH, b"%d" % len(header)), version_header(result.version_number)))
 
     def learn(self, rt: ServingRuntime, model: str, version: str | None, header: bytes, doc: dict,
               inputs: list[oip.InferInput], wanted: list[tuple[str, bool]], binary_out: dict[str, bool],
