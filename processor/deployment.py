@@ -113,6 +113,11 @@ class DeploymentConfig(BaseModel):
     # the deployment file is re-read this often and its models applied live (server/model_set.py;
     # also on SIGHUP); 0: only on SIGHUP. TF Serving's --model_config_file_poll_wait_seconds
     model_config_file_poll_wait_seconds: float = Field(0.0, ge=0, le=86400)
+    # the fit check before every load (processor/memory_budget.py): a load whose estimate
+    # plus the process's resident memory exceeds this is refused. None: 0.9 of the cgroup's
+    # memory.max, else of the machine's memory; a number in (0, 1]: that share of it; a larger
+    # one: bytes; 0: no check
+    memory_limit: float | int | None = Field(None, ge=0)
     # SIGTERM: refuse new requests, wait this long for in-flight ones, then exit
     drain_timeout_seconds: float = Field(30.0, ge=0, le=3600)
     # server processes on the same ports (SO_REUSEPORT), watched by one supervisor (issue 24,

@@ -50,6 +50,7 @@ class ManagerPort(Protocol):
     def served_versions(self) -> list[Any]: ...
     def serves(self, number: int) -> bool: ...
     def serves_several(self) -> bool: ...
+    def memory(self) -> dict[str, dict[str, int]]: ...
     def info(self) -> dict[str, Any]: ...
     def discover(self) -> Any: ...
     def load(self, version: Any) -> None: ...
@@ -87,14 +88,15 @@ class ServedModel:
     @classmethod
     def compose(cls, name: str, config: ModelConfig, **details: Any) -> ServedModel:
         """The model ``config`` describes: its ModelManager, timeline tracer, batching and
-        prediction logger (``details``: the other keyword arguments of the constructor). A
-        ConfigError names ``timeline_path`` or ``logging_config.path`` when unusable."""
+        prediction logger (``details``: the other keyword arguments of the constructor, and
+        ``budget``, the manager's MemoryBudget). A ConfigError names ``timeline_path`` or
+        ``logging_config.path`` when unusable."""
         tracer = Tracer.from_config(name, config)
         # One batching per model: its row budget bounds every queue (each version's native one
         # and the reference), see processor/batching/model_batching.py.
         batching = ModelBatching(name, config.batching) if config.batching is not None else None
         try:
-            manager = ModelManager(name, config, batching=batching)
+            manager = ModelManager(name, config, batching=batching, budget=details.pop("budget", None))
             prediction_log = PredictionLogger.from_config(name, config)
         except BaseException:
             if tracer is not None:
@@ -122,6 +124,10 @@ class ServedModel:
     def version_labels(self) -> Mapping[str, int]:
         """Label -> version number, as the router holds them now."""
         return self.router.labels
+
+    def memory(self) -> dict[str, dict[str, int]]:
+        """Bytes each served version holds, by part, by version number (the manager's)."""
+        return self.manager.memory()
 
     @property
     def routes_versions(self) -> bool:
@@ -155,8 +161,13 @@ class ServedModel:
         return self.manager.stats
 
     def served_version(self):
-        """The served ModelVersion, or None before the first load."""
+        """The served ModelVersion (the default, the newest), or None before the first load."""
         return self.manager.served_version()
+
+    def served_versions(self) -> list:
+        """Every served ModelVersion, ascending by number (several under a ``model_version_policy``
+        naming more than one); empty before the first load."""
+        return self.manager.served_versions()
 
     def reload(self) -> None:
         """Load the versions the store (and the version policy) name now, afresh."""
@@ -273,11 +284,11 @@ class ModelRegistry:
         return old
 
     @classmethod
-    def from_deployment(cls, deployment) -> ModelRegistry:
+    def from_deployment(cls, deployment, budget=None) -> ModelRegistry:
         """Every model of a :class:`~processor.deployment.DeploymentConfig`, composed
-        (:meth:`ServedModel.compose`)."""
+        (:meth:`ServedModel.compose`); ``budget``: the server's MemoryBudget (None: the process's)."""
         environment = apply_environment([m.config for m in deployment.models])  # before TF starts
-        return cls(compose_entry(m, environment) for m in deployment.models)
+        return cls(compose_entry(m, environment, budget) for m in deployment.models)
 
     @classmethod
     def single(cls, name: str, config: ModelConfig, raw_config: Mapping[str, Any] | None = None) -> ModelRegistry:
@@ -318,10 +329,11 @@ class ModelRegistry:
                 log.exception("closing model %s failed", model.name)
 
 
-def compose_entry(entry, environment: Mapping[str, str] | None = None) -> ServedModel:
-    """The model a deployment's :class:`~processor.deployment.ModelEntry` describes, composed."""
+def compose_entry(entry, environment: Mapping[str, str] | None = None, budget=None) -> ServedModel:
+    """The model a deployment's :class:`~processor.deployment.ModelEntry` describes, composed;
+    ``budget``: the MemoryBudget its loads are checked against (None: the process's)."""
     return ServedModel.compose(entry.name, entry.config, raw_config=entry.raw_config, routing=entry.routing,
-                               threads=entry.threads, environment=environment)
+                               threads=entry.threads, environment=environment, budget=budget)
 
 
 def apply_environment(configs: list[ModelConfig]) -> dict[str, str]:

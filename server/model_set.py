@@ -184,7 +184,7 @@ class ModelSet:
         rt, name = self.runtime, entry.name
         log.info("deployment reload: %s model %s", "loading a new" if replaces else "adding", name)
         try:
-            model = compose_entry(entry)
+            model = compose_entry(entry, budget=rt.budget)
         except Exception as exc:  # a config the composition refuses (an unusable timeline path)
             report["failed"][name] = as_processor_error(exc).message
             return

@@ -30,6 +30,7 @@ from processor.dataplane import DataPlane
 from processor.deployment import DeploymentConfig
 from processor.errors import ProcessorError, as_processor_error, edge_error
 from processor.request import PredictCall, PredictResult, answer_note_var
+from processor.memory_budget import MemoryBudget
 from processor.served_model import ModelRegistry, ServedModel
 
 from .access_log import AccessLog
@@ -49,7 +50,9 @@ class ServingRuntime:
     def __init__(self, deployment: DeploymentConfig, models: ModelRegistry | None = None) -> None:
         self.deployment = deployment
         # the environment is applied first (from_deployment), before TensorFlow starts
-        self.models = models if models is not None else ModelRegistry.from_deployment(deployment)
+        # one memory budget for the server's loads: every model's, a live reload's too
+        self.budget = MemoryBudget(deployment.memory_limit)
+        self.models = models if models is not None else ModelRegistry.from_deployment(deployment, self.budget)
         self.dataplane = DataPlane(self.models)
         self.gate = DrainGate()
         self.metrics = ServerMetrics(lambda: self.models, self._batching_info)
@@ -230,6 +233,13 @@ class ServingRuntime:
     def version_label(self, name: str) -> str:
         served = self.models.get(name).served_version() if name in self.models else None
         return served.label if served is not None else "none"
+
+    def memory(self) -> dict[str, Any]:
+        """What the served models hold, counted per model, version and part, their total beside
+        the process's resident memory, and the fit check's limit and learned factors."""
+        models = {m.name: m.memory() for m in self.models}
+        counted = sum(sum(parts.values()) for versions in models.values() for parts in versions.values())
+        return {"counted_bytes": counted, "budget": self.budget.describe(), "models": models}
 
     def routes_versions(self, name: str) -> bool:
         """Whether a call to ``name`` naming no version may be answered by another version than

@@ -134,6 +134,9 @@ class FakeManager:
     def serves_several(self) -> bool:
         return False
 
+    def memory(self) -> dict:
+        return {}
+
     def serves_natively(self) -> bool:
         return _Handle.group.serves_natively
 
@@ -330,6 +333,9 @@ class FakeServingGroup(FakeGroup):
         self.deltas.append(delta.step)
         self.version = version
         return 0.0
+
+    def memory(self) -> dict:
+        return {"weights": 0, "tables": 0, "caches": 0, "shared": 0, "device": 0}
 
     def describe(self) -> dict:
         return {"session_num": self.lanes, "engine": "fake"}

@@ -97,5 +97,12 @@ class Backend(Protocol):
         """Engine facts for model info: threads, pools, pinning, devices."""
         ...
 
+    def memory(self) -> dict[str, int]:
+        """The bytes this loaded version holds, by part: every part of
+        :data:`processor.memory.PARTS`, 0 where nothing is held (see
+        :meth:`~processor.engine.session_group.SessionGroup.memory`). Cheap: no walk of the
+        parameters per call (model info and metrics call it); thread-safe."""
+        ...
+
     def close(self) -> None:
         ...

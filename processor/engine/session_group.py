@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..checkpoint.delta import Delta
+from ..memory import memory_parts
 from ..request import served_signature
 from ..signature import Signature
 from ..store.model_version import ModelVersion
@@ -193,6 +194,25 @@ class SessionGroup:
             gate.apply(delta.step, lambda: self.backend.apply_delta(delta))  # skipped if another worker wrote it
             self.version = version
         return time.monotonic() - started
+
+    def memory(self) -> dict[str, int]:
+        """The bytes this served version holds, by part, every part present (0 where nothing is
+        held), in bytes:
+
+        * ``weights``: the engine's parameters in this process's own host memory (ONNX Runtime:
+          its host parameter buffers; TensorFlow: its variables as loaded, shape x dtype size);
+        * ``tables``: the embedding tables the feature store holds in this process for the
+          version (DRAM tables; the DRAM tier of DRAM+SSD tables, not the SSD file);
+        * ``caches``: the hot-row cache in front of Redis / Redis Cluster, in use;
+        * ``shared``: the shared-memory segments the version maps (workers > 1: ONNX Runtime
+          parameters, DRAM / DRAM+SSD tables), each counted once for this version, in this part
+          only (the same bytes are mapped by every worker serving it);
+        * ``device``: GPU memory of the version's device parameter copies (0 on CPU).
+
+        What the engines allocate themselves (graphs, kernels' buffers, arenas, the runtime) is
+        not counted. Cheap: fixed parts are counted at load; the tables' part is recomputed from
+        the arrays' sizes, so it follows deltas. Thread-safe."""
+        return memory_parts(self.backend.memory())
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -32,8 +32,9 @@ from ..features.ev_checkpoint import StoreDelta, TableSource, read_store_delta
 from ..store.model_version import ModelVersion
 from . import device_plan, embedding_lookup, lane_graphs, op_libraries, pinning
 from .tf_signature import SERVE_TAGS, signature_from_def
+from ..memory import memory_parts
 from .update_gate import UpdateGate
-from .tf_variables import VariableUpdater, check_outputs_restored, restored_variables
+from .tf_variables import VariableUpdater, check_outputs_restored, restored_variables, variable_bytes
 
 _TRACE_LOCK = threading.Lock()  # FULL_TRACE runs: one profiling session per process
 UPDATE_POOL_NAME = "processor_model_update"
@@ -62,6 +63,7 @@ class TensorFlowBackend:
         self._features = features
         self._session = None
         self._embedding: embedding_lookup.EmbeddingService | None = None
+        self._weights: dict[str, int] = {}  # the variables' bytes by memory part, counted at load
         self._callables: dict[tuple[int, tuple[str, ...]], Any] = {}  # (graph copy, fetches)
         # The request path's callables, by (lane, fetches): the lane's run options built in.
         self._lane_callables: dict[tuple[int, tuple[str, ...]], Any] = {}
@@ -157,8 +159,8 @@ class TensorFlowBackend:
                     self._session.run(saver_def.restore_op_name, {saver_def.filename_tensor_name: prefix},
                                       options=self._update_options)
                     loader.run_init_ops(self._session, SERVE_TAGS)
-                    check_outputs_restored(self._graph, restored_variables(self._graph, self._session),
-                                           outputs, version.savedmodel_dir)
+                    restored = restored_variables(self._graph, self._session)
+                    check_outputs_restored(self._graph, restored, outputs, version.savedmodel_dir)
             self._updater = VariableUpdater(self._graph, self._session, self._update_options)
             if self._embedding is not None:
                 tables = {lk.table for lk in self._embedding.lookups}
@@ -166,6 +168,9 @@ class TensorFlowBackend:
                 self._updater.apply(Delta(-1, dense=embedding_lookup.dense_values(prefix, dense)))
                 with self._graph.as_default():
                     loader.run_init_ops(self._session, SERVE_TAGS)
+                # the store-served tables are never restored: only the variables holding a value count
+                restored = restored_variables(self._graph, self._session)
+            self._weights = variable_bytes(self._graph, self._session, restored)
             if self._lanes.replicated:
                 keys = self._embedding.key_tensor_names if self._embedding is not None else []
                 self._lanes = lane_graphs.import_copies(self._graph, self._lanes, outputs, keys, cpu_ops, placement_on)
@@ -341,6 +346,17 @@ class TensorFlowBackend:
             self._embedding.tables.stage_delta(delta.chunks, delta.step, source)
 
     # --- facts ------------------------------------------------------------------------------
+
+    def memory(self) -> dict[str, int]:
+        """The bytes this version holds, by part (:data:`processor.memory.PARTS`, all present):
+        ``weights`` (``device`` where a variable asks for a GPU), the graph's variables holding
+        a value as loaded, shape x dtype size each (counted once at load: :func:`.tf_variables
+        .variable_bytes`; the graph, its constants, lookup tables and TensorFlow's own runtime
+        are not counted); ``tables`` / ``caches`` / ``shared``, what the feature store holds for
+        this version (:meth:`~processor.features.feature_store.VersionTables.memory`). Cheap."""
+        embedding = self._embedding
+        tables = embedding.tables if embedding is not None else None
+        return memory_parts(self._weights, tables.memory() if tables is not None else {})
 
     def _pin(self, created: dict[int, str], per_lane_pools: bool) -> dict[str, Any]:
         cpusets = self._config.cpusets

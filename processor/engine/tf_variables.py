@@ -67,6 +67,38 @@ def check_outputs_restored(graph, restored: set[str], outputs: list[str], savedm
             f"writes this; export it with model.export() (what TF Serving serves too)")
 
 
+def variable_bytes(graph, session, names: set[str]) -> dict[str, int]:
+    """The bytes of the variables ``names`` of ``graph`` as loaded, by memory part
+    (:data:`processor.memory.PARTS`): ``weights`` (host) and ``device`` (those whose op asks for
+    a GPU: the device TensorFlow was asked for; soft placement may still have kept one on the
+    CPU). Shape x dtype size each, the shape from the op's static attribute, or asked of the
+    session in one run for the variables whose shape the graph leaves open. Call once, at load
+    (the sizes are fixed after it: deltas overwrite rows, they add none)."""
+    import tensorflow as tf
+
+    ops = [op for op in graph.get_operations() if op.type in _VARIABLE_OPS and op.name in names]
+    shapes: dict[str, tuple[int, ...]] = {}
+    open_shapes = []
+    for op in ops:
+        proto = op.get_attr("shape")
+        dims = tuple(d.size for d in proto.dim)
+        if proto.unknown_rank or any(d < 0 for d in dims):
+            open_shapes.append(op)
+        else:
+            shapes[op.name] = dims
+    if open_shapes:
+        with graph.as_default(), tf.name_scope("processor_memory"):
+            asked = {op.name: (tf.raw_ops.VariableShape(input=op.outputs[0], out_type=tf.int64)
+                               if op.type == "VarHandleOp" else tf.shape(op.outputs[0], out_type=tf.int64))
+                     for op in open_shapes}
+        shapes.update({name: tuple(int(d) for d in shape) for name, shape in session.run(asked).items()})
+    out = {"weights": 0, "device": 0}
+    for op in ops:
+        size = int(np.prod(shapes[op.name], dtype=np.int64)) * np.dtype(op.get_attr("dtype").as_numpy_dtype).itemsize
+        out["device" if "GPU" in op.device.upper() else "weights"] += size
+    return out
+
+
 class VariableUpdater:
     """See the module doc."""
 

@@ -185,6 +185,11 @@ class DramTable:
         meta = sum(a.nbytes for a in (self.freqs, self.versions) if a is not None)
         return {"values": int(self.values.nbytes), "index": self.index.nbytes, "metadata": int(meta)}
 
+    def buffers(self) -> list[np.ndarray]:
+        """Every array the table holds in memory (rows, index, metadata), whole: what it costs
+        (:meth:`LocalVersionTables.memory`)."""
+        return [a for a in (self.values, *self.index.buffers(), self.freqs, self.versions) if a is not None]
+
 
 class LocalVersionTables:
     """A version's tables held in this process (DRAM or DRAM+SSD tables). See feature_store.
@@ -277,6 +282,20 @@ class LocalVersionTables:
         elif self.shared_note is not None:
             out["shared_memory"] = self.shared_note
         return out
+
+    def memory(self) -> dict[str, int]:
+        """The bytes this version's tables hold in this process's memory, by part
+        (:data:`processor.memory.PARTS`): ``tables``, the arrays of this process's own (DRAM
+        tables: rows, key index, freq / version metadata, with the room reserved for growth;
+        DRAM+SSD: the DRAM tier, i.e. row cache, index and rows added past a shared file, never
+        the SSD file); ``shared``, the shared-memory segment this version maps (workers), once,
+        whose arrays are left out of ``tables`` (a table grown past it holds private arrays
+        again, counted there). From the arrays' sizes (a few per table), so cheap per call;
+        deltas are reflected at the next call."""
+        shared = self.shared
+        own = sum(int(a.nbytes) for table in list(self.tables.values()) for a in table.buffers()
+                  if shared is None or not shared.holds(a))
+        return {"tables": own, "shared": shared.nbytes if shared is not None else 0}
 
     def release(self) -> None:
         for table in self.tables.values():

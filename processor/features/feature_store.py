@@ -64,6 +64,12 @@ class VersionTables(Protocol):
     def describe(self) -> dict[str, Any]:
         ...
 
+    def memory(self) -> dict[str, int]:
+        """The bytes the version holds in this process's memory, by part (``tables``,
+        ``caches``, ``shared`` of :data:`processor.memory.PARTS`); cheap (from sizes, no walk
+        of the rows): model info and metrics call it."""
+        ...
+
     def release(self) -> None:
         ...
 

@@ -91,9 +91,14 @@ class HashIndex:
     def _empty_slots(count: int) -> np.ndarray:
         return np.full(count, -1, np.int32 if count < 2**31 - 1 else np.int64)
 
+    def buffers(self) -> tuple[np.ndarray, np.ndarray]:
+        """The arrays holding the index, whole (room for more keys included; empty in identity
+        mode): what it costs in memory."""
+        return self._keys, self._slots
+
     @property
     def nbytes(self) -> int:
-        return int(self._keys.nbytes + self._slots.nbytes)
+        return int(sum(b.nbytes for b in self.buffers()))
 
     def keys(self) -> np.ndarray:
         """The keys in row order (do not modify)."""

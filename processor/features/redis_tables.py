@@ -229,6 +229,14 @@ class RedisVersionTables:
                 "cache": {**cache, "prefilled_rows": self.prefilled}, "lookups": lookups,
                 "load": self.progress.describe() if self.progress else None}
 
+    def memory(self) -> dict[str, int]:
+        """The bytes this version holds in this process, by part (:data:`processor.memory.PARTS`):
+        ``caches``, the hot-row cache in use (:meth:`HotRowCache.nbytes`) plus the rows of a
+        delta pinned until it applies; ``tables`` 0, the rows live in Redis. Cheap."""
+        pinned = self._pinned
+        held = sum(int(a.nbytes) for arrays in (pinned or {}).values() for a in arrays)
+        return {"tables": 0, "caches": held + (self.cache.nbytes() if self.cache is not None else 0)}
+
     def release(self) -> None:
         self.store.forget(self)
 

@@ -37,6 +37,16 @@ from .rows import TableSpec
 ROW_OVERHEAD = 18  # bytes per cached row beyond its floats: key 8, two index slots 8, flags 2
 
 
+def index_bytes(capacity: int) -> int:
+    """The bytes of a native ``RowCache``'s index (``native/src/row_store.h``), allocated and
+    written when it is made: an open-addressing table of int32 slots (a power of two, at least 16
+    and 2 x ``capacity``) and per row its key (8 bytes), reference bit and busy flag (1 each)."""
+    slots = 16
+    while slots < 2 * capacity:
+        slots <<= 1
+    return 4 * slots + 10 * capacity
+
+
 class HotRowCache:
     """See the module doc. ``budget``: bytes for all of ``specs``' tables."""
 
@@ -99,6 +109,12 @@ class HotRowCache:
     def capacity_rows(self, table: str) -> int:
         cache = self._caches.get(table)
         return cache.capacity if cache is not None else 0
+
+    def nbytes(self) -> int:
+        """The bytes the caches hold now: each one's index, allocated whole when it is made
+        (:func:`index_bytes`), and the rows cached so far, ``4 * dim`` bytes each (the row
+        array's pages are touched only as rows come). Cheap: two counters per table."""
+        return sum(index_bytes(c.capacity) + 4 * c.dim * c.size for c in self._caches.values())
 
     def describe(self) -> dict[str, Any]:
         rows = {n: {"capacity_rows": c.capacity, "cached_rows": c.size, "evictions": c.evictions}

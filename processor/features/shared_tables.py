@@ -164,6 +164,16 @@ class SharedTables:
         self.segment: shared_segments.Segment | None = segment
         self.directory = directory
         self._described = segment.describe()
+        self.nbytes = segment.size  # the mapping's bytes: the version's "shared" memory
+        view = np.frombuffer(segment.buffer, np.uint8)  # for its address only (see holds)
+        self._span = (view.ctypes.data, view.ctypes.data + view.nbytes)
+        del view
+
+    def holds(self, array: np.ndarray) -> bool:
+        """Whether ``array``'s memory lies in the segment (a table that grew holds private
+        arrays instead)."""
+        start = array.__array_interface__["data"][0]
+        return self._span[0] <= start < self._span[1]
 
     def describe(self) -> dict[str, Any]:
         return {**self._described, **({"files": self.directory} if self.directory else {})}

@@ -262,6 +262,13 @@ class TieredTable:
             out["dram_added_rows"] = int(self._added.nbytes)
         return out
 
+    def buffers(self) -> list[np.ndarray]:
+        """Every array of the DRAM tier, whole: the row cache and its bookkeeping, the key index,
+        the SSD row -> cache slot map, metadata and rows added past a shared file (the SSD file
+        itself is not memory)."""
+        return [a for a in (self._cache, self._cache_row, self._ref, self._slot_of, *self.index.buffers(),
+                            self.freqs, self.versions, self._added) if a is not None]
+
     def close(self, remove_file: bool = True) -> None:
         """Unmap and close the file; remove it unless ``remove_file`` is False (a file the
         first worker wrote for all: :class:`~.shared_tables.SharedTables` removes it)."""

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .. import memory
 from ..checkpoint.delta import CheckpointError
 from ..config import ModelConfig
 from ..engine.open_group import open_session_group
@@ -73,6 +74,14 @@ class VersionLoader:
         self.batching = batching
         self._open_group = open_group
         self._warm = warm
+
+    def file_bytes(self, version: ModelVersion) -> int:
+        """The bytes of ``version``'s parameter files, before they are read (the fit check's
+        estimate, :mod:`processor.memory_budget`); 0 when the store cannot size them."""
+        try:
+            return memory.estimate_load_bytes(self.store, version, self.config)
+        except Exception:  # noqa: BLE001 - an estimate only: a store that cannot size files counts 0
+            return 0
 
     def materialize(self, version: ModelVersion) -> ModelVersion:
         return self.store.materialize(version)

@@ -57,7 +57,9 @@ from ..store.checkpoint_layout import served_versions
 from ..store.model_store import ModelStore
 from ..store.model_version import ModelVersion
 from ..store.version_watcher import VersionWatcher
+from .. import memory
 from .loader import VersionLoader
+from ..memory_budget import MemoryBudget, default_budget
 from .policy import Action, Failure, next_action, record_failure
 from .servable_handle import ServableHandle
 from .model_state import ModelState, transition
@@ -73,7 +75,8 @@ class ModelManager:
     """See the module doc."""
 
     def __init__(self, name: str, config: ModelConfig, store: ModelStore | None = None,
-                 loader: VersionLoader | None = None, clock: Any = time, batching=None) -> None:
+                 loader: VersionLoader | None = None, clock: Any = time, batching=None,
+                 budget: MemoryBudget | None = None) -> None:
         self.name = name
         self.config = config
         self.store = store or ModelStore.for_config(config)
@@ -101,6 +104,7 @@ class ModelManager:
         self.features: FeatureStore | None = None
         self.loader: VersionLoader | None = loader
         self._batching = batching  # the model's ModelBatching, for each group's native queue
+        self._budget = budget if budget is not None else default_budget()  # the fit check before loads
 
     @property
     def state(self) -> ModelState:
@@ -243,12 +247,17 @@ class ModelManager:
             if self._current is None:
                 self._to(ModelState.WARMING)
 
+        engine = self.config.backend
         try:
+            file_bytes = self.loader.file_bytes(version)
+            self._budget.admit(self.name, version.label, engine, file_bytes)  # LoadRefused: it would not fit
+            before = memory.process_rss_bytes()
             loaded = self.loader.load(version, self._warmup_file, on_warming=warming, pinned=pinned)
         except Exception:
             if self._current is None:  # LOADING or WARMING: nothing serves
                 self._to(ModelState.FAILED)
             raise
+        self._budget.learn(engine, file_bytes, memory.process_rss_bytes() - before)
         self.last_warmup = loaded.warmup
         number = version.number
         old = self._handles.get(number)
@@ -402,6 +411,12 @@ class ModelManager:
         """Whether version ``number`` is served now."""
         return number in self._handles
 
+    def memory(self) -> dict[str, dict[str, int]]:
+        """Bytes each served version holds, by part (``SessionGroup.memory``), by version number
+        (as a string, JSON's key)."""
+        handles = dict(self._handles)
+        return {str(n): handles[n].group.memory() for n in sorted(handles)}
+
     def serves_several(self) -> bool:
         """Whether more than one version is served now."""
         return len(self._handles) > 1
@@ -431,6 +446,7 @@ class ModelManager:
             "versions": [{"version": v.number, "label": v.label, "state": "AVAILABLE",
                           "full_step": v.full_step, "delta_step": v.delta_step}
                          for v in self.served_versions()],
+            "memory": self.memory(),
         }
         if handle is not None:
             group = handle.group

@@ -2,14 +2,15 @@
 
 A request acquires the handle for its whole duration; a swap retires the old handle, and the
 group is closed by whoever drops the last reference (the swapper if nothing is in flight, else
-the last request). So a version is freed only after its last request ends, and never while one
-runs. Thread-safe.
+the last request), and the allocator trimmed so that its memory is returned. So a version is
+freed only after its last request ends, and never while one runs. Thread-safe.
 """
 
 from __future__ import annotations
 
 import threading
 
+from .. import memory
 from ..engine.session_group import SessionGroup
 
 
@@ -49,3 +50,4 @@ class ServableHandle:
 
     def _close(self) -> None:
         self.group.close()
+        memory.trim()  # the allocator hands the freed version's pages back to the system

@@ -86,6 +86,10 @@ class ModelStore:
         """Base names of the files directly inside ``path``."""
         return [posixpath.basename(e["name"]) for e in self._ls(path) if e["type"] != "directory"]
 
+    def size(self, path: str) -> int:
+        """The size of file ``path`` in bytes; FileNotFoundError if there is none."""
+        return int(self.fs.size(path))
+
     def mtime(self, path: str) -> float:
         info = self.fs.info(path)
         value = info.get("mtime") or info.get("LastModified") or info.get("created") or 0

@@ -103,20 +103,3 @@ class Hold:
         self.release()
 
 
-def _malloc_trim():
-    try:
-        import ctypes
-
-        return ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc
-        return None
-
-
-_TRIM = _malloc_trim()
-
-
-def trim_heap() -> None:
-    """Return freed heap memory to the OS (glibc ``malloc_trim``), after a large request: without
-    it the process keeps the peak of its decoding as resident memory."""
-    if _TRIM is not None:
-        _TRIM(0)

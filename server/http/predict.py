@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from processor.memory import trim
 from processor.errors import InvalidArgument, SignatureNotFound, Unavailable, edge_error
 from processor.request import PredictCall, parse_version
 from processor.signature import Signature
@@ -31,7 +32,7 @@ from ..runtime import ServingRuntime
 from ..tfs_messages import messages
 from . import tfs_examples, tfs_json, tfs_json_encode
 from .body import Receive, read_body
-from .memory_budget import DEFAULT_BUDGET, Hold, MemoryBudget, trim_heap
+from .memory_budget import DEFAULT_BUDGET, Hold, MemoryBudget
 
 log = logging.getLogger("server.http")
 T = TypeVar("T")
@@ -435,7 +436,7 @@ def tfs_reply(rt: ServingRuntime, name: str, version: int | None, label: str | N
                      headers=(version_header(result.version_number),))
     finally:
         if size >= tfs_json.SMALL_BODY:
-            trim_heap()  # hand the freed decode memory back to the OS
+            trim()  # hand the freed decode memory back to the OS
 
 
 def tfs_predict(rt: ServingRuntime, name: str, version: int | None, label: str | None, method: str,

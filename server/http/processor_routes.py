@@ -2,10 +2,12 @@
 in, ``PredictResponse`` bytes out; an empty body returns the signature JSON, as ``process()``
 does), ``POST /api/predict/{model}/versions/{n}`` and ``.../labels/{l}`` (the same, on that
 version: 404 when it is not served, 400 for a version that is not a number), ``GET /api/models``
-and ``GET /api/models/{model}`` (model info). Every predict answer names the version that
+and ``GET /api/models/{model}`` (model info), ``GET /api/memory`` (what the models hold). Every predict answer names the version that
 answered in ``X-Model-Version``; ``X-Routing-Key`` picks the arm of a model's traffic split."""
 
 from __future__ import annotations
+
+import asyncio
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -46,6 +48,10 @@ def register(app: FastAPI, rt: ServingRuntime, predict: PredictRoutes) -> None:
     async def list_models() -> dict:
         return {"models": [{"name": m.name, "state": m.state, "ready": m.ready,
                             "version": rt.version_label(m.name)} for m in rt.models]}
+
+    @app.get("/api/memory", tags=["processor"], summary="Memory held per model, version and part")
+    async def memory() -> dict:
+        return await asyncio.get_running_loop().run_in_executor(None, rt.memory)
 
     @app.get("/api/models/{model}", tags=["processor"], summary="Model info", responses=INFO_ERRORS)
     async def model_info(model: str) -> Response:

@@ -33,6 +33,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from processor.memory import trim
 from processor.errors import InvalidArgument, PayloadTooLarge
 
 from .. import native_json
@@ -41,7 +42,7 @@ from ..deadline import from_http_headers
 from ..runtime import ServingRuntime
 from . import v2_json
 from .body import read_body
-from .memory_budget import Hold, trim_heap
+from .memory_budget import Hold
 from .v2_prepared import PreparedInfers
 from .predict import (Later, Now, PredictRoutes, Reply, as_response, error_reply, header, routing_key, tracked,
                       version_header)
@@ -206,7 +207,7 @@ def infer_http(rt: ServingRuntime, model: str, version: str | None, body: bytes 
         return _infer(rt, model, version, body, header_length, deadline, limits, prepared, key)
     finally:
         if max(size, len(body)) > SMALL_BODY:
-            trim_heap()  # hand the freed decode memory back to the OS
+            trim()  # hand the freed decode memory back to the OS
 
 
 def _infer(rt: ServingRuntime, model: str, version: str | None, body: bytes | bytearray,

@@ -63,6 +63,7 @@ import numpy as np
 from ...checkpoint.delta import CheckpointError, Delta, VariableInfo, read_delta
 from ...config import ModelConfig
 from ...errors import ConfigError, Internal, InvalidArgument
+from ...memory import memory_parts
 from ...store.model_version import ModelVersion
 from .. import device_plan, pinning
 from ..shared_update_gate import SharedUpdateGate
@@ -102,6 +103,7 @@ class OnnxRuntimeBackend:
         self._segment = None
         self._shared_gate: SharedUpdateGate | None = None
         self._traced = TracedRuns(self)
+        self._memory: dict[str, int] = memory_parts()  # counted once loaded (see memory)
 
     @classmethod
     def open(cls, config: ModelConfig, version: ModelVersion, plan: device_plan.DevicePlan,
@@ -189,6 +191,28 @@ class OnnxRuntimeBackend:
         self._array_engine = self._engine if self._engine is not None and numeric and not self._converted else None
         self._input_index = {alias: i for i, alias in enumerate(self.signature.inputs)}
         self._output_index = {alias: i for i, alias in enumerate(self.signature.outputs)}
+        self._memory = self._count_memory(table)
+
+    def _count_memory(self, table: dict[str, Any]) -> dict[str, int]:
+        """The parts :meth:`memory` reports, fixed once loaded (a delta overwrites in place)."""
+        sets = self._parameters.sets
+        host = sets.get(None)
+        device = sum(s.nbytes for place, s in sets.items() if place is not None)
+        if self._native_gpu_copies:  # each native GPU session holds a device copy of its own
+            device += sum(int(p["length"]) for p in table.values()) * self._plan.sessions
+        segment = self._segment
+        return memory_parts({"weights": host.nbytes if host is not None and segment is None else 0,
+                             "shared": segment.size if segment is not None else 0, "device": device})
+
+    def memory(self) -> dict[str, int]:
+        """The bytes this version holds, by part (:data:`processor.memory.PARTS`, all present):
+        ``weights``, the host parameter buffers this process owns; ``shared``, instead, the
+        shared-memory segment they live in with workers (its whole mapping, once); ``device``,
+        the GPU parameter buffers (and the native engine's own copy per GPU session where it
+        serves GPU lanes); ``tables`` / ``caches`` 0 (no feature store on this backend). Counted
+        once at load from the buffers' sizes; ONNX Runtime's own allocations (graph, prepacked
+        kernels, arenas) are not counted. All 0 once closed."""
+        return self._memory
 
     def _session_target(self, index: int) -> tuple[device_plan.LaneDevice, tuple[int, ...] | None]:
         """(device, cpus) of session ``index``: those of its first lane."""
@@ -461,6 +485,7 @@ class OnnxRuntimeBackend:
         }
 
     def close(self) -> None:
+        self._memory = memory_parts()
         self._traced.close()
         # Sessions first, then the buffers they read: each place frees its memory once the last
         # of its sessions is gone (at once, unless a caller still holds one: a benchmark's bare engine call).

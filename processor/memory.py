@@ -1,0 +1,186 @@
+"""Memory figures: what a served version holds, what loading one will cost, what the process may
+hold, and giving freed memory back.
+
+* :data:`PARTS` and :func:`memory_parts`: the parts a served version's bytes are counted in
+  (:meth:`processor.engine.session_group.SessionGroup.memory`);
+* :func:`estimate_load_bytes`: a version's parameter bytes on disk, read from its files' sizes
+  before any of them is read (the fit check multiplies it by a learned factor:
+  :mod:`processor.memory_budget`);
+* :func:`memory_limit`: the ``memory_limit`` setting as bytes (the cgroup's ``memory.max``, else
+  the machine's memory);
+* :func:`process_rss_bytes` and :func:`trim`: this process's resident set, and glibc's
+  ``malloc_trim`` after an unload.
+
+Linux files are read through the module-level paths below (tests point them elsewhere). Functions
+only; thread-safe.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import os
+import posixpath
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .config import ModelConfig
+    from .store.model_store import ModelStore
+    from .store.model_version import ModelVersion
+
+# The parts a version's memory is counted in (see SessionGroup.memory for what each holds).
+PARTS = ("weights", "tables", "caches", "shared", "device")
+
+CGROUP_V2_MAX = "/sys/fs/cgroup/memory.max"
+CGROUP_V1_LIMIT = "/sys/fs/cgroup/memory/memory.limit_in_bytes"
+MEMINFO = "/proc/meminfo"
+STATM = "/proc/self/statm"
+
+DEFAULT_SHARE = 0.9  # of the memory there is, when memory_limit is not set
+# cgroup v1 writes "no limit" as the largest page-aligned int64 (9223372036854771712); v2 writes
+# "max". Anything this large bounds nothing real.
+_NO_LIMIT = 1 << 60
+
+
+def memory_parts(*counts: Mapping[str, int]) -> dict[str, int]:
+    """Every part of :data:`PARTS`, in that order, each the sum of its counts in ``counts`` (0
+    where none has it). ValueError for a part not in :data:`PARTS` (a count never vanishes
+    under a misspelt name)."""
+    out = dict.fromkeys(PARTS, 0)
+    for count in counts:
+        for part, value in count.items():
+            if part not in out:
+                raise ValueError(f"unknown memory part {part!r}; the parts are {PARTS}")
+            out[part] += int(value)
+    return out
+
+
+# --- what a load costs -----------------------------------------------------------------------
+
+
+def estimate_load_bytes(store: ModelStore, version: ModelVersion, config: ModelConfig) -> int:
+    """The bytes of ``version``'s parameters on disk, from the sizes of its files in ``store``
+    (none is read): the ``.onnx`` model when ONNX Runtime serves it from one (``model.onnx``
+    preferred, as the engine picks it; not with ``backend: tensorflow``); else, with a
+    ``checkpoint_dir`` (``version.full_prefix``), the full checkpoint's ``.data-*`` shards plus
+    those of every delta it applies (``delta_chain``); else the SavedModel's
+    ``variables/variables.data-*`` shards. Index files, graphs and small constants are left out.
+    No factor is applied: what an engine makes of these bytes is learned by the caller.
+    Raises what the store raises (OSError, FileNotFoundError) for files it cannot size."""
+    if config.backend != "tensorflow":
+        models = [f for f in store.list_files(version.savedmodel_dir) if f.endswith(".onnx")]
+        if models:
+            name = "model.onnx" if "model.onnx" in models else sorted(models)[0]
+            return store.size(posixpath.join(version.savedmodel_dir, name))
+    if version.full_prefix:
+        deltas = [p for _, p in version.delta_chain] or ([version.delta_prefix] if version.delta_prefix else [])
+        prefixes = [version.full_prefix, *deltas]
+    else:
+        prefixes = [posixpath.join(version.savedmodel_dir, "variables", "variables")]
+    return sum(_shard_bytes(store, prefix) for prefix in prefixes)
+
+
+def _shard_bytes(store: ModelStore, prefix: str) -> int:
+    directory, base = posixpath.split(prefix)
+    return sum(store.size(posixpath.join(directory, name))
+               for name in store.list_files(directory) if name.startswith(base + ".data-"))
+
+
+# --- what the process may hold ---------------------------------------------------------------
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _cgroup_limit() -> int | None:
+    """The cgroup's memory limit in bytes (v2, else v1), or None: no cgroup file, ``max``, a
+    value that is not a number, or one too large to bound anything."""
+    for path in (CGROUP_V2_MAX, CGROUP_V1_LIMIT):
+        text = _read(path)
+        if text is None:
+            continue
+        try:
+            value = int(text.strip())
+        except ValueError:  # "max": no limit
+            return None
+        return value if 0 < value < _NO_LIMIT else None
+    return None
+
+
+def _machine_memory() -> int | None:
+    """MemTotal of /proc/meminfo in bytes, or None where it cannot be read."""
+    text = _read(MEMINFO) or ""
+    for line in text.splitlines():
+        if line.startswith("MemTotal:"):
+            fields = line.split()
+            try:
+                return int(fields[1]) * (1024 if fields[2:3] == ["kB"] else 1)
+            except (IndexError, ValueError):
+                return None
+    return None
+
+
+def memory_limit(setting: float | int | None) -> int | None:
+    """The ``memory_limit`` setting as bytes, or None: no limit (the fit check is off).
+
+    The memory there is: the cgroup's limit (v2 ``memory.max``, else v1
+    ``memory.limit_in_bytes``; ``max`` or an absurd value such as v1's "no limit" means none),
+    capped by the machine's ``MemTotal`` (a cgroup limit above it bounds nothing); the machine's
+    alone without a cgroup limit. Then, by ``setting``:
+
+    * None: :data:`DEFAULT_SHARE` (0.9) of the memory there is;
+    * 0: None (the check turned off);
+    * a number in (0, 1] (``1`` included): that share of the memory there is;
+    * a number above 1: that many bytes (a float such as ``2e9`` too), whatever the machine has.
+
+    None also when a share is asked for and neither file can be read (nothing to take a share
+    of). ValueError for a negative setting or a bool.
+    """
+    if isinstance(setting, bool) or (setting is not None and setting < 0):
+        raise ValueError(f"memory_limit must be None, 0, a share in (0, 1] or bytes > 1; got {setting!r}")
+    if setting == 0:
+        return None
+    if setting is not None and setting > 1:
+        return int(setting)
+    share = DEFAULT_SHARE if setting is None else float(setting)
+    sizes = [size for size in (_cgroup_limit(), _machine_memory()) if size is not None]
+    return int(share * min(sizes)) if sizes else None
+
+
+def process_rss_bytes() -> int:
+    """This process's resident set size in bytes now (``/proc/self/statm``); 0 where it cannot
+    be read (not Linux)."""
+    text = _read(STATM)
+    try:
+        return int(text.split()[1]) * os.sysconf("SC_PAGE_SIZE") if text else 0
+    except (IndexError, ValueError, OSError):
+        return 0
+
+
+@functools.cache
+def _malloc_trim():
+    """glibc's ``malloc_trim``, or None (another C library, or none to load)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        function = libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_size_t]
+    function.restype = ctypes.c_int
+    return function
+
+
+def trim() -> bool:
+    """Give the heap memory freed so far back to the OS (glibc ``malloc_trim(0)``), as after an
+    unload: without it glibc keeps freed arenas resident. True when some memory was given back;
+    False when none was, or where ``malloc_trim`` does not exist (then it does nothing). May
+    take milliseconds on a large heap; call it off the request path. Thread-safe."""
+    function = _malloc_trim()
+    return bool(function(0)) if function is not None else False
