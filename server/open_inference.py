@@ -5,10 +5,12 @@ wire format into :class:`InferInput` values and call :func:`infer`, which goes t
 DataPlane like every other front-end (batching included). Datatypes map to the signature's
 dtypes; a tensor whose datatype, shape or element count does not fit is an InvalidArgument
 (400 / INVALID_ARGUMENT) naming the tensor; names and values from the request are echoed at
-most about 80 characters long. Versions: the served version's number (TF Serving's numbering,
+most about 80 characters long. Versions: a served version's number (TF Serving's numbering,
 :func:`processor.request.version_number`), named as 1 to 19 ASCII digits
-(:func:`processor.request.parse_version`; anything else is INVALID_ARGUMENT); asking for another
-one is NOT_FOUND.
+(:func:`processor.request.parse_version`; anything else is INVALID_ARGUMENT); a model may serve
+several side by side (``model_version_policy``), all listed in its metadata; a request naming one
+runs on it, one naming none on the default (or the model's traffic split, by its routing key);
+asking for a version that is not served is NOT_FOUND.
 
 Raw tensor bytes (the binary extension, gRPC ``raw_*_contents``) are row-major elements in
 little-endian order; a BYTES tensor is each element's 4-byte little-endian length, then its bytes;
@@ -32,7 +34,7 @@ import numpy as np
 from processor import dtypes
 from processor.echo import shorten
 from processor.errors import Internal, InvalidArgument, NotFound, PayloadTooLarge
-from processor.request import MAX_VERSION, PredictCall, parse_version
+from processor.request import MAX_VERSION, PredictCall, parse_version, version_number
 
 from . import native_json
 
@@ -101,16 +103,18 @@ def _wanted(version: str | None) -> int | None:
 
 
 def served(rt, name: str, version: str | None):
-    """What serves ``name`` (:class:`~processor.request.Served`); NOT_FOUND for a version that
-    is not the served one, INVALID_ARGUMENT for a malformed one."""
+    """What serves ``name``'s version ``version`` (None: the default) (:class:`~processor.request.Served`);
+    NOT_FOUND for a version that is not served, INVALID_ARGUMENT for a malformed one."""
     return rt.dataplane.served(name, _wanted(version))
 
 
 def model_metadata(rt, name: str, version: str | None = None) -> dict[str, Any]:
-    """The v2 model metadata: name, versions, platform, inputs and outputs of the signature."""
+    """The v2 model metadata: name, every served version (ascending, as strings), platform, and
+    the inputs and outputs of the signature of ``version`` (None: the default version)."""
     serving = served(rt, name, version)
     platform = {"onnxruntime": "onnxruntime_onnx", "tensorflow": "tensorflow_savedmodel"}[serving.engine_name]
-    return {"name": name, "versions": [str(serving.version_number)], "platform": platform,
+    numbers = sorted({version_number(v) for v in rt.model(name).served_versions()} | {serving.version_number})
+    return {"name": name, "versions": [str(n) for n in numbers], "platform": platform,
             "inputs": [tensor_metadata(s) for s in serving.signature.inputs.values()],
             "outputs": [tensor_metadata(s) for s in serving.signature.outputs.values()]}
 
@@ -123,7 +127,7 @@ def tensor_metadata(spec) -> dict[str, Any]:
 def model_ready(rt, name: str, version: str | None = None, unserved_version: bool = True) -> bool:
     """Whether the model (and the version, when named) is ready: False while it loads or the
     server drains. NotFound for an unknown model and, with ``unserved_version``, for a version
-    that is not the served one (as metadata and infer answer; else False); InvalidArgument for a
+    that is not served (as metadata and infer answer; else False); InvalidArgument for a
     malformed version."""
     wanted = _wanted(version)
     if not rt.model_ready(name):  # NotFound for an unknown model
@@ -367,18 +371,22 @@ def json_data(name: str, array: np.ndarray) -> list:
 
 def infer(rt, name: str, version: str | None, inputs: list[InferInput], outputs: list[str] | None,
           deadline: float | None = None, max_elements: int | None = None,
-          charge: Callable[[int], None] | None = None) -> tuple[str, dict[str, np.ndarray]]:
-    """Run one inference: (served version number as a string, outputs by name in request order).
-    ``max_elements``, ``charge``: :func:`to_array`'s, for JSON data."""
-    result = rt.dataplane.predict(infer_call(name, version, inputs, outputs, max_elements, charge, deadline))
+          charge: Callable[[int], None] | None = None,
+          routing_key: str | None = None) -> tuple[str, dict[str, np.ndarray]]:
+    """Run one inference: (the number of the version that answered, as a string; outputs by
+    name in request order). ``max_elements``, ``charge``: :func:`to_array`'s, for JSON data;
+    ``routing_key``: :func:`infer_call`'s."""
+    result = rt.dataplane.predict(infer_call(name, version, inputs, outputs, max_elements, charge, deadline,
+                                             routing_key))
     return str(result.version_number), result.outputs
 
 
 def infer_call(name: str, version: str | None, inputs: list[InferInput], outputs: list[str] | None,
                max_elements: int | None = None, charge: Callable[[int], None] | None = None,
-               deadline: float | None = None) -> PredictCall:
+               deadline: float | None = None, routing_key: str | None = None) -> PredictCall:
     """The PredictCall of an infer request: its inputs as arrays (:func:`to_array`), in order;
-    InvalidArgument for a tensor that does not fit, an input or output named twice."""
+    InvalidArgument for a tensor that does not fit, an input or output named twice.
+    ``routing_key``: what the model's traffic split hashes when ``version`` is None."""
     wanted = _wanted(version)
     arrays: dict[str, np.ndarray] = {}
     for tensor in inputs:
@@ -387,4 +395,5 @@ def infer_call(name: str, version: str | None, inputs: list[InferInput], outputs
         arrays[tensor.name] = to_array(tensor, max_elements, charge)
     if outputs is not None and len(set(outputs)) != len(outputs):
         raise InvalidArgument(f"an output is requested twice: {echo(outputs)}")
-    return PredictCall(name, arrays, version=wanted, output_filter=outputs or None, deadline=deadline)
+    return PredictCall(name, arrays, version=wanted, output_filter=outputs or None, deadline=deadline,
+                       routing_key=routing_key)

@@ -13,8 +13,11 @@ As TF Serving does (``servables/tensorflow/classifier.cc``, ``regressor.cc``,
 * Classify reads the outputs ``classes`` (DT_STRING) and / or ``scores`` (DT_FLOAT), each
   ``[batch, num_classes]``; Regress reads ``outputs``, ``[batch]`` or ``[batch, 1]`` DT_FLOAT;
   the response's ``model_spec`` carries the request's signature name as given and the version that
-  ran. MultiInference runs every task on one version (one acquire), for one model, each signature
-  once, methods classify or regress only.
+  ran. MultiInference runs every task on one version (one acquire: the first task's
+  ``model_spec`` names it), for one model, each signature once, methods classify or regress only.
+* the ``model_spec``'s ``version`` or ``version_label`` names the version to run on (a model may
+  serve several side by side); a call naming neither runs on the default, or on the arm of the
+  model's traffic split its ``routing_key`` picks (the transport's ``x-routing-key``).
 
 Beyond TF Serving (a superset; its own requests behave as there): the signature's one input may
 have any alias as long as it is DT_STRING, so Predict signatures over serialized examples (a
@@ -85,16 +88,18 @@ def wanted_of(spec) -> Wanted:
             spec.version_label if spec.HasField("version_label") else None)
 
 
-def _call(model: str, examples: np.ndarray, spec, deadline: float | None, wanted: Wanted | None) -> PredictCall:
+def _call(model: str, examples: np.ndarray, spec, deadline: float | None, wanted: Wanted | None,
+          routing_key: str | None = None) -> PredictCall:
     """The DataPlane call of one classify / regress request: the examples fed to the signature's
     input, every output fetched, shapes left to the graph. ``wanted``: the version or label (None:
-    ``spec``'s; REST passes its URL's, which may exceed the proto's int64)."""
+    ``spec``'s; REST passes its URL's, which may exceed the proto's int64); ``routing_key``: the
+    call's (see the module doc)."""
     version, label = wanted if wanted is not None else wanted_of(spec)
 
     def decode(signature: Signature) -> dict[str, np.ndarray]:
         return {_examples_input(signature): examples}
     return PredictCall(model, decode, version=version, label=label, signature_name=spec.signature_name,
-                       deadline=deadline, check_shapes=False)
+                       deadline=deadline, check_shapes=False, routing_key=routing_key)
 
 
 def _run(dataplane, call: PredictCall) -> PredictResult:
@@ -104,26 +109,32 @@ def _run(dataplane, call: PredictCall) -> PredictResult:
         raise InvalidArgument(f"No signature was found with the name: {cut(exc.name)}") from None
 
 
-def classify(dataplane, request, deadline: float | None = None, wanted: Wanted | None = None):
+def classify(dataplane, request, deadline: float | None = None, wanted: Wanted | None = None,
+             routing_key: str | None = None):
     """A ``ClassificationRequest`` answered as a ``ClassificationResponse``."""
-    return _answer(dataplane, request, deadline, wanted, messages().ClassificationResponse(), fill_classifications)
+    return _answer(dataplane, request, deadline, wanted, messages().ClassificationResponse(), fill_classifications,
+                   routing_key)
 
 
-def regress(dataplane, request, deadline: float | None = None, wanted: Wanted | None = None):
+def regress(dataplane, request, deadline: float | None = None, wanted: Wanted | None = None,
+            routing_key: str | None = None):
     """A ``RegressionRequest`` answered as a ``RegressionResponse``."""
-    return _answer(dataplane, request, deadline, wanted, messages().RegressionResponse(), fill_regressions)
+    return _answer(dataplane, request, deadline, wanted, messages().RegressionResponse(), fill_regressions,
+                   routing_key)
 
 
-def _answer(dataplane, request, deadline: float | None, wanted: Wanted | None, response, fill):
+def _answer(dataplane, request, deadline: float | None, wanted: Wanted | None, response, fill,
+            routing_key: str | None):
     """Run a classify / regress ``request``; ``fill`` writes the outputs into ``response.result``."""
     examples = examples_tensor(request.input)
-    result = _run(dataplane, _call(request.model_spec.name, examples, request.model_spec, deadline, wanted))
+    result = _run(dataplane, _call(request.model_spec.name, examples, request.model_spec, deadline, wanted,
+                                   routing_key))
     _model_spec(response.model_spec, request.model_spec, result)
     fill(response.result, result.signature, result.outputs, len(examples))
     return response
 
 
-def multi_inference(dataplane, request, deadline: float | None = None):
+def multi_inference(dataplane, request, deadline: float | None = None, routing_key: str | None = None):
     """A ``MultiInferenceRequest`` answered as a ``MultiInferenceResponse`` (see the module doc)."""
     tasks = list(request.tasks)
     if not tasks:
@@ -141,7 +152,7 @@ def multi_inference(dataplane, request, deadline: float | None = None):
         if task.method_name not in (CLASSIFY, REGRESS):
             raise InvalidArgument(f"Unsupported signature method_name: {cut(task.method_name)}")
     examples = examples_tensor(request.input)
-    call = _call(model, examples, tasks[0].model_spec, deadline, None)
+    call = _call(model, examples, tasks[0].model_spec, deadline, None, routing_key)
     try:
         results = dataplane.predict_each(call, [t.model_spec.signature_name for t in tasks])
     except SignatureNotFound as exc:

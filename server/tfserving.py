@@ -44,15 +44,22 @@ def served_model_status(model, version: int | None, label: str | None) -> list[V
 
 
 def model_status(model, wanted: int | None) -> list[VersionStatus]:
-    """GetModelStatus: the served version (or the failed/loading state when none is served).
-    ``model``: a :class:`~processor.served_model.ServedModel` (its ``name``, ``served_version()``,
-    ``state``, ``last_error``)."""
-    served = model.served_version()
-    if served is not None:
-        number = version_number(served)
-        if wanted is not None and wanted != number:
-            raise NotFound(f"Could not find version {wanted} of model {model.name}")
-        return [VersionStatus(number, "AVAILABLE", "OK", "")]
+    """GetModelStatus as TF Serving answers it: every served version, newest first (TF Serving's
+    ``ServableStateMonitor`` keeps a model's versions in descending order), each AVAILABLE; with
+    ``wanted``, that version alone, NOT_FOUND when it is not served. While no version is served,
+    the model's loading or failed state as version 0. ``model``: a
+    :class:`~processor.served_model.ServedModel` (its ``name``, ``served_version()``,
+    ``served_versions()``, ``state``, ``last_error``)."""
+    default = model.served_version()
+    if default is not None:
+        # several versions under a model_version_policy naming more than one; the default alone
+        # should a retirement empty the list between the two reads
+        numbers = sorted({version_number(v) for v in model.served_versions() or (default,)}, reverse=True)
+        if wanted is not None:
+            if wanted not in numbers:
+                raise NotFound(f"Could not find version {wanted} of model {model.name}")
+            numbers = [wanted]
+        return [VersionStatus(number, "AVAILABLE", "OK", "") for number in numbers]
     if wanted is not None:
         raise NotFound(f"Could not find version {wanted} of model {model.name}")
     state = _STATES.get(model.state, "UNKNOWN")

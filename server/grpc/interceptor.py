@@ -58,12 +58,33 @@ async def abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
     await context.abort(grpc.StatusCode[err.edge.grpc], message)
 
 
+# The request metadata that picks the arm of a model's traffic split for a call naming no
+# version (:mod:`processor.routing`), as HTTP's ``X-Routing-Key`` header does.
+ROUTING_KEY = ("x-routing-key",)
+
+
 def metadata(context: grpc.aio.ServicerContext, keys: tuple[str, ...]) -> str | None:
     """The first value of any of ``keys`` in the call's metadata, or None."""
     for key, value in context.invocation_metadata() or ():
         if key in keys:
-            return value if isinstance(value, str) else value.decode("latin-1")
+            return _text(value)
     return None
+
+
+def metadata_values(context: grpc.aio.ServicerContext, slots: dict[str, int], count: int) -> list[str | None]:
+    """Several metadata values in one scan of the call's metadata: ``count`` slots, each the
+    first value of a key ``slots`` maps to that slot's index (None: not sent)."""
+    found: list[str | None] = [None] * count
+    for key, value in context.invocation_metadata() or ():
+        slot = slots.get(key)
+        if slot is not None and found[slot] is None:
+            found[slot] = _text(value)
+    return found
+
+
+def _text(value: str | bytes) -> str:
+    """A metadata value as text (a ``-bin`` key's bytes as Latin-1)."""
+    return value if isinstance(value, str) else value.decode("latin-1")
 
 
 def _no_model(request: Any, context: grpc.aio.ServicerContext) -> str:

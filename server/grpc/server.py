@@ -8,7 +8,11 @@ Services:
   empty request message is DeepRec's introspection ping, as an empty HTTP body and the C ABI's
   empty ``process()`` are: the answer is the signature as JSON bytes (not a ``PredictResponse``;
   read it with a raw-bytes call, e.g. ``channel.unary_unary(path)``), with the trailing
-  metadata ``x-response-format: signature-json``.
+  metadata ``x-response-format: signature-json``. The request metadata ``x-model-version``
+  (digits) or ``x-model-label`` names the version to run on (a model may serve several; a version
+  not served is NOT_FOUND, malformed digits INVALID_ARGUMENT); with neither, ``x-routing-key``
+  picks the arm of the model's traffic split. The answer names the version that ran in its
+  initial metadata ``x-model-version``.
 * ``tensorflow.serving.PredictionService`` (Predict, Classify, Regress, MultiInference,
   GetModelMetadata) and ``tensorflow.serving.ModelService/GetModelStatus``: the messages of the
   ``tensorflow-serving-api`` package, so unchanged TF Serving clients work (:mod:`.tfs`).
@@ -42,18 +46,22 @@ from typing import Any
 import grpc
 
 from processor.errors import InvalidArgument
-from processor.request import PredictCall
+from processor.request import PredictCall, parse_version
 
 from ..deadline import from_grpc
 from ..logs import request_id_var
 from ..runtime import ServingRuntime
 from . import tfs, v2
-from .interceptor import EdgeInterceptor, Method, Service, metadata
+from .interceptor import EdgeInterceptor, Method, Service, metadata, metadata_values
 
 log = logging.getLogger("server.grpc")
 
 PROCESSOR_SERVICE = "tensorflow.eas.ProcessorService"
 MODEL_NAME_KEYS = ("model-name", "x-model-name")
+# ProcessorService/Predict's request metadata, read in one scan: the model, the version (digits)
+# or label to run on, the routing key (see the module doc)
+_PREDICT_METADATA = {**dict.fromkeys(MODEL_NAME_KEYS, 0), "x-model-version": 1, "x-model-label": 2,
+                     "x-routing-key": 3}
 
 
 class ProcessorService:
@@ -64,19 +72,27 @@ class ProcessorService:
 
     def model_of(self, data: bytes, context: grpc.aio.ServicerContext) -> str:
         """The model the ``model-name`` metadata names; with one model served, that one; else ""."""
-        model = metadata(context, MODEL_NAME_KEYS)
-        if model:
-            return model
+        return self._model(metadata(context, MODEL_NAME_KEYS))
+
+    def _model(self, named: str | None) -> str:
+        """The model ``named`` (the metadata's value), else the one model served, else ""."""
+        if named:
+            return named
         names = self.rt.dataplane.model_names
         return names[0] if len(names) == 1 else ""
 
     async def predict(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """One Predict (see the module doc): the version it names, or its routing key's arm."""
         rt = self.rt
-        model = self.model_of(data, context)
+        named, version, label, key = metadata_values(context, _PREDICT_METADATA, 4)
+        model = self._model(named)
         if not model:
             raise InvalidArgument(f"name the model in the 'model-name' request metadata; "
                                   f"serving {sorted(rt.dataplane.model_names)}")
-        result = await rt.predict_wire(PredictCall(model, data, deadline=from_grpc(context)))
+        call = PredictCall(model, data, None if version is None else parse_version(version), label or None,
+                           deadline=from_grpc(context), routing_key=key)
+        result = await rt.predict_wire(call)
+        await context.send_initial_metadata((("x-model-version", str(result.version_number)),))
         if result.introspection:  # the signature JSON, as HTTP and the C ABI answer
             context.set_trailing_metadata((("x-request-id", request_id_var.get()),
                                            ("x-response-format", "signature-json")))

@@ -11,6 +11,11 @@ As TF Serving answers them:
   ``enable_serialization_as_tensor_content`` (then numbers go in ``tensor_content``); the
   response's ``model_spec`` names the signature and version that ran. A missing signature is
   FAILED_PRECONDITION "Serving signature key "x" not found.".
+* Versions (every method): ``model_spec.version`` or ``version_label`` names the version to run
+  on (a model may serve several, ``model_version_policy``; one not served is NOT_FOUND); with
+  neither, the request metadata ``x-routing-key`` picks the arm of the model's traffic split.
+* GetModelStatus: every served version, newest first, AVAILABLE; a version named: that one
+  (:func:`server.tfserving.model_status`).
 * Classify / Regress / MultiInference: :mod:`server.tfs_inference`.
 * GetModelMetadata: every signature served, in one ``SignatureDefMap``.
 
@@ -38,7 +43,7 @@ from ..infer_forms import InferForms
 from ..runtime import ServingRuntime
 from ..tfs_messages import Messages, messages
 from . import tensor_proto
-from .interceptor import Method, Service, request_bytes
+from .interceptor import ROUTING_KEY, Method, Service, metadata, request_bytes
 
 log = logging.getLogger("server.grpc")
 
@@ -54,11 +59,21 @@ def _model(request, context) -> str:
     return request.model_spec.name
 
 
-def _form_key(request, name: str, version: int | None, label: str | None) -> tuple | None:
-    """A Predict request's form (:mod:`server.infer_forms`): the model, version, label and
-    signature it names, its inputs' names, dtypes and shapes, the outputs it asks for; None
-    unless every input's values are raw (``tensor_content``, as ``tf.make_tensor_proto`` writes
-    numbers)."""
+def _routing_key(request, context) -> str | None:
+    """The call's routing key (``x-routing-key`` metadata) when its ``model_spec`` names no
+    version or label (one that does never reads it)."""
+    spec = request.model_spec
+    if spec.HasField("version") or spec.HasField("version_label"):
+        return None
+    return metadata(context, ROUTING_KEY)
+
+
+def _form_key(request, name: str, version: int | None) -> tuple | None:
+    """A Predict request's form (:mod:`server.infer_forms`): the model, the version number it
+    names (a label resolved: a label may be moved to another version at run time, and a form
+    runs on the version it was prepared for; None: the default), the signature it names, its
+    inputs' names, dtypes and shapes, the outputs it asks for; None unless every input's values
+    are raw (``tensor_content``, as ``tf.make_tensor_proto`` writes numbers)."""
     inputs = []
     for key, proto in request.inputs.items():
         if not proto.tensor_content or proto.dtype == DT_STRING or proto.tensor_shape.unknown_rank:
@@ -66,7 +81,7 @@ def _form_key(request, name: str, version: int | None, label: str | None) -> tup
         inputs.append((key, proto.dtype, tuple([d.size for d in proto.tensor_shape.dim])))
     if not inputs:
         return None
-    return name, version, label, request.model_spec.signature_name, tuple(inputs), tuple(request.output_filter)
+    return name, version, request.model_spec.signature_name, tuple(inputs), tuple(request.output_filter)
 
 
 def _first_task_model(request, context) -> str:
@@ -83,12 +98,15 @@ class TfsService:
 
     async def predict(self, request, context: grpc.aio.ServicerContext):
         return await self.rt.serve(request.model_spec.name, request_bytes.get(), self._predict, request,
-                                   from_grpc(context))
+                                   from_grpc(context), _routing_key(request, context))
 
-    def _predict(self, request, deadline: float | None):
+    def _predict(self, request, deadline: float | None, routing_key: str | None = None):
         rt, forms = self.rt, self._forms
         name, version, label = _spec(request.model_spec)
-        key = _form_key(request, name, version, label)
+        number = version
+        if label is not None:  # the form's version: the label's now (None: the ordinary path answers)
+            number = None if version is not None else rt.model(name).version_labels.get(label)
+        key = _form_key(request, name, number) if label is None or number is not None else None
         if key is not None:
             form = forms.get(key)
             if form is not None:
@@ -99,10 +117,11 @@ class TfsService:
         limit = rt.deployment.max_request_bytes
         arrays = {key_: tensor_proto.to_numpy(key_, proto, limit) for key_, proto in request.inputs.items()}
         call = PredictCall(name, arrays, version=version, label=label, signature_name=request.model_spec.signature_name,
-                           output_filter=list(request.output_filter), deadline=deadline, check_shapes=False)
+                           output_filter=list(request.output_filter), deadline=deadline, check_shapes=False,
+                           routing_key=routing_key)
         result = rt.dataplane.predict(call)
-        if key is not None:
-            forms.learn(rt, key, name, lambda: call._replace(deadline=None),
+        if key is not None:  # prepared for the key's version, whatever the label names by then
+            forms.learn(rt, key, name, lambda: call._replace(version=number, label=None, deadline=None),
                         [len(proto.tensor_content) for proto in request.inputs.values()], result.outputs)
         return self._response(name, result)
 
@@ -118,15 +137,19 @@ class TfsService:
 
     async def classify(self, request, context: grpc.aio.ServicerContext):
         return await self.rt.serve(request.model_spec.name, request_bytes.get(), tfs_inference.classify,
-                                   self.rt.dataplane, request, from_grpc(context))
+                                   self.rt.dataplane, request, from_grpc(context), None,
+                                   _routing_key(request, context))
 
     async def regress(self, request, context: grpc.aio.ServicerContext):
         return await self.rt.serve(request.model_spec.name, request_bytes.get(), tfs_inference.regress,
-                                   self.rt.dataplane, request, from_grpc(context))
+                                   self.rt.dataplane, request, from_grpc(context), None,
+                                   _routing_key(request, context))
 
     async def multi_inference(self, request, context: grpc.aio.ServicerContext):
+        key = _routing_key(request.tasks[0], context) if request.tasks else None
         return await self.rt.serve(_first_task_model(request, context), request_bytes.get(),
-                                   tfs_inference.multi_inference, self.rt.dataplane, request, from_grpc(context))
+                                   tfs_inference.multi_inference, self.rt.dataplane, request, from_grpc(context),
+                                   key)
 
     async def metadata(self, request, context: grpc.aio.ServicerContext):
         name, version, label = _spec(request.model_spec)

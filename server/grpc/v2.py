@@ -9,6 +9,12 @@ before runs from that form (:mod:`server.infer_forms`). The protocol is
 (:mod:`.interceptor`: parsing, request id, drain gate, metrics, error mapping; ServerLive,
 ServerReady and ServerMetadata, about the server itself, are not counted); ModelInfer's work
 runs where ``ServingRuntime.serve`` says.
+
+Versions: a model may serve several (``model_version_policy``); ModelMetadata lists them all,
+ModelInfer's ``model_version`` runs on that one (NOT_FOUND when it is not served) and the
+response's ``model_version`` names the version that answered; a request naming none runs on the
+default, or on the arm of the model's traffic split that its ``x-routing-key`` metadata picks.
+ModelReady is ready for a served version, ``ready: false`` for another.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from .. import open_inference as oip
 from ..deadline import from_grpc
 from ..infer_forms import InferForms
 from ..runtime import ServingRuntime
-from .interceptor import Method, Service, request_bytes
+from .interceptor import ROUTING_KEY, Method, Service, metadata, request_bytes
 
 SERVICE = "inference.GRPCInferenceService"
 
@@ -66,9 +72,11 @@ class V2Service:
             outputs=[pb.ModelMetadataResponse.TensorMetadata(**t) for t in meta["outputs"]])
 
     async def model_infer(self, request, context) -> pb.ModelInferResponse:
-        return await self.rt.serve(request.model_name, request_bytes.get(), self._infer, request, from_grpc(context))
+        key = None if request.model_version else metadata(context, ROUTING_KEY)  # one naming a version never reads it
+        return await self.rt.serve(request.model_name, request_bytes.get(), self._infer, request, from_grpc(context),
+                                   key)
 
-    def _infer(self, request, deadline: float | None) -> pb.ModelInferResponse:
+    def _infer(self, request, deadline: float | None, routing_key: str | None = None) -> pb.ModelInferResponse:
         rt, forms = self.rt, self._forms
         key = _form_key(request)
         form = forms.get(key) if key is not None else None
@@ -78,7 +86,7 @@ class V2Service:
                 return _response(request, str(result.version_number), result.outputs)
         model, version = request.model_name, request.model_version or None
         inputs, wanted = _inputs(request), [o.name for o in request.outputs] or None
-        number, outputs = oip.infer(rt, model, version, inputs, wanted, deadline)
+        number, outputs = oip.infer(rt, model, version, inputs, wanted, deadline, routing_key=routing_key)
         if key is not None:
             forms.learn(rt, key, model, lambda: oip.infer_call(model, version, inputs, wanted),
                         [len(t.raw) for t in inputs], outputs)
