@@ -446,19 +446,6 @@ def tfs_predict(rt: ServingRuntime, name: str, version: int | None, label: str |
     return tfs_reply(rt, name, version, label, method, body, deadline, limits, hold).body
 
 
-class _KeyedDataPlane:
-    """A DataPlane whose ``predict`` gives every call ``key`` as its routing key: for
-    :mod:`server.tfs_inference`, which builds its calls itself and takes no routing key."""
-
-    __slots__ = ("dataplane", "key")
-
-    def __init__(self, dataplane, key: str) -> None:
-        self.dataplane, self.key = dataplane, key
-
-    def predict(self, call: PredictCall):
-        return self.dataplane.predict(call._replace(routing_key=self.key))
-
-
 def tfs_classify_regress(rt: ServingRuntime, name: str, version: int | None, label: str | None, method: str,
                          body: bytes | bytearray, deadline: float | None = None,
                          max_depth: int = tfs_json.MAX_DEPTH, key: str | None = None) -> Reply:
@@ -470,7 +457,6 @@ def tfs_classify_regress(rt: ServingRuntime, name: str, version: int | None, lab
     request.model_spec.name = name
     tfs_examples.fill_request(body, request, max_depth)
     run = tfs_inference.classify if method == "classify" else tfs_inference.regress
-    dataplane = rt.dataplane if not key else _KeyedDataPlane(rt.dataplane, key)
-    response = run(dataplane, request, deadline, (version, label))
+    response = run(rt.dataplane, request, deadline, (version, label), key)
     return Reply(200, json.dumps(tfs_inference.result_json(method, response)).encode(),
                  headers=(version_header(response.model_spec.version.value),))

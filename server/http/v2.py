@@ -217,11 +217,8 @@ def _infer(rt: ServingRuntime, model: str, version: str | None, body: bytes | by
     inputs = _inputs(doc, binary)
     wanted, binary_out = _outputs(doc)
     charge = limits.hold.charge if limits.hold is not None else None
-    call = oip.infer_call(model, version, inputs, [name for name, _ in wanted] if wanted else None,
-                          limits.max_elements, charge, deadline)
-    # oip.infer takes no routing key: its call is made here, the key put in (only when sent)
-    result = rt.dataplane.predict(call._replace(routing_key=key) if key else call)
-    number, outputs = str(result.version_number), result.outputs
+    number, outputs = oip.infer(rt, model, version, inputs, [name for name, _ in wanted] if wanted else None,
+                                deadline, limits.max_elements, charge, key)
     if prepared is not None and header_length is not None:
         prepared.learn(rt, model, version, bytes(body[:len(body) - len(binary)]), doc, inputs, wanted, binary_out,
                        number, outputs)
