@@ -91,7 +91,7 @@ class ServingApp:
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(sig, self._on_signal, sig)
         model_set = self.runtime.model_set
-        if model_set is not None:  # SIGHUP: re-read the deployment file (server/model_set.py)
+        if model_set.follows_file:  # SIGHUP: re-read the deployment file (server/model_set.py)
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(signal.SIGHUP, model_set.request_reload)
 
@@ -130,8 +130,7 @@ class ServingApp:
         self._write_ports()
         if not self.worker:
             self.runtime.start_models()
-        if model_set is not None:
-            model_set.start()
+        model_set.start()
         self.started.set()
 
         await self._stop.wait()

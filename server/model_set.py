@@ -110,9 +110,14 @@ class ModelSet:
 
     # --- triggers ---------------------------------------------------------------------------
 
+    @property
+    def follows_file(self) -> bool:
+        """Whether this set re-reads a deployment file (polled and on :meth:`request_reload`)."""
+        return self._file is not None and self._read is not None
+
     def start(self) -> None:
         """Follow the file (polled, and on :meth:`request_reload`) on a daemon thread."""
-        if self._file is None or self._read is None:
+        if not self.follows_file:
             return
         self._file.note()
         self._thread = threading.Thread(target=self._follow, daemon=True, name="sp-model-set")

@@ -39,6 +39,7 @@ from .drain import DrainGate
 from .logs import request_id_var
 from .metrics import UNKNOWN_MODEL, ServerMetrics
 from .model_pool import ModelPool
+from .model_set import ModelSet
 
 log = logging.getLogger("server")
 
@@ -66,7 +67,9 @@ class ServingRuntime:
         self._loaders: list[threading.Thread] = []
         self.on_model_ready: list[Callable[[str], None]] = []  # called with the model name
         self.admin_journal = None  # workers > 1: a server/admin_journal.AdminJournal
-        self.model_set = None  # started from a file: a server/model_set.ModelSet (the live model set)
+        # the live model set: load, unload and reload models while serving (a file-following one
+        # when the server was started from a file: python -m server replaces this one)
+        self.model_set = ModelSet(self)
 
     def model(self, name: str) -> ServedModel:
         """The served model; NotFound naming the served ones."""
@@ -315,8 +318,7 @@ class ServingRuntime:
     # --- shutdown ---------------------------------------------------------------------------
 
     def close(self) -> None:
-        if self.model_set is not None:
-            self.model_set.stop()
+        self.model_set.stop()
         self.models.drain(timeout=self.deployment.drain_timeout_seconds)  # runs what is still queued
         for pool in self._pools.values():
             pool.shutdown()
