@@ -143,3 +143,33 @@ def test_rollback_serves_the_previous_default_alone(pristine, tmp_path, make_pro
     assert p.model_info()["history"] == ["2", "3"]  # version 1 never was the default
     p.manager.rollback()
     assert served_numbers(p) == [2] and answer(p) == (2, 3.0)
+
+
+def test_a_95_5_split_of_100000_keyed_requests_and_one_arm_per_key(pristine, tmp_path):
+    """100,000 requests with distinct routing keys through the DataPlane on real versions: the
+    canary's share is 5 +- 0.5 points, and a key always meets the same arm."""
+    from processor.config import ModelConfig
+    from processor.dataplane import DataPlane
+    from processor.routing import RoutingSettings
+    from processor.served_model import ModelRegistry, ServedModel
+
+    base = tmp_path / "base"
+    for n in (1, 2):
+        copy_version(pristine, base, n)
+    routing = RoutingSettings(version_labels={"stable": 1, "canary": 2}, traffic={"stable": 95, "canary": 5})
+    model = ServedModel.compose("toy", ModelConfig.from_dict(toy_config(base, file_system_poll_wait_seconds=0)),
+                                routing=routing)
+    model.start()
+    try:
+        plane = DataPlane(ModelRegistry([model]))
+        request = codec.encode_request(X1)
+        counts = {1: 0, 2: 0}
+        for i in range(100_000):
+            counts[plane.predict(PredictCall("toy", request, routing_key=f"user-{i}")).version.number] += 1
+        assert abs(counts[2] / 100_000 - 0.05) <= 0.005, counts
+        for i in range(0, 100_000, 9973):  # the same key, the same arm
+            arms = {plane.predict(PredictCall("toy", request, routing_key=f"user-{i}")).version.number
+                    for _ in range(5)}
+            assert len(arms) == 1
+    finally:
+        model.close()
