@@ -16,10 +16,11 @@ loaded with ``wrk`` (batch-1 requests of our wire format on keep-alive connectio
 
 The issue's targets: at half capacity the primary's p99 with 100% shadow within 1.1x of no
 shadow; at overload primary throughput >= 0.95 of no shadow, with the shed copies counted.
-Each figure is the median of ``--rounds`` rounds (the rows of a round run back to back); a
+Each figure is the median of ``--rounds`` rounds (the rows of a round run back to back, in the
+other order every other round: this VM's speed drifts by a factor of two within minutes); a
 ratio the median of per-round ratios. Writes ``benchmarks/results/shadow.json`` and ``.md``.
 
-    .venv/bin/python -m benchmarks.bench_shadow [--seconds 5] [--rounds 3] [--out-dir DIR]
+    .venv/bin/python -m benchmarks.bench_shadow [--seconds 5] [--rounds 6] [--out-dir DIR]
 """
 
 from __future__ import annotations
@@ -82,27 +83,29 @@ def bench(args) -> dict:
                for name, shadow in (("no_shadow", False), ("shadow", True))}
     rounds: list[dict] = []
     try:
-        for _ in range(args.rounds):
+        for index in range(args.rounds):
             row: dict = {}
-            for name, server in servers.items():
+            # the machine's speed drifts within a run: each round's rows in the other order
+            order = list(servers.items()) if index % 2 == 0 else list(servers.items())[::-1]
+            for name, server in order:
                 url = server.http + f"/api/predict/{MODEL}"
                 before = shadow_counts(server)
                 over = native_load.wrk(url, body, {}, server.proc.pid, connections=32, seconds=args.seconds)
                 after = shadow_counts(server)
                 row[name] = {"overload": over, "overload_shadow": {k: after[k] - before[k] for k in
-                                                                   ("offered", "ran", "dropped", "failed")}}
+                                                                   ("offered", "ran", "dropped", "shed", "failed")}}
             capacity = row["no_shadow"]["overload"]["req_per_s"]
             # paced: connections x 1 / (delay + latency) ~ half of the capacity
-            delay_ms = 4
+            delay_ms = 20
             connections = max(1, round(capacity / 2 * delay_ms / 1000))
-            for name, server in servers.items():
+            for name, server in order:
                 url = server.http + f"/api/predict/{MODEL}"
                 before = shadow_counts(server)
                 half = native_load.wrk(url, body, {}, server.proc.pid, connections=connections,
                                        seconds=args.seconds, delay_ms=delay_ms)
                 after = shadow_counts(server)
                 row[name]["half"] = half
-                row[name]["half_shadow"] = {k: after[k] - before[k] for k in ("offered", "ran", "dropped", "failed")}
+                row[name]["half_shadow"] = {k: after[k] - before[k] for k in ("offered", "ran", "dropped", "shed", "failed")}
             rounds.append(row)
     finally:
         for server in servers.values():
@@ -129,13 +132,15 @@ def markdown(result: dict) -> str:
 
     lines = [f"# Shadow traffic ({result['machine']['cpus']} CPUs, {result['seconds']} s x {len(rounds)} rounds)", "",
              f"The limit, `process()` from 2 threads: {result['process_limit_calls_per_s']:,.0f} calls/s", "",
-             "| load | no shadow req/s | no shadow p99 ms | 100% shadow req/s | 100% shadow p99 ms | copies run | copies shed |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "| load | no shadow req/s | no shadow p99 ms | 100% shadow req/s | 100% shadow p99 ms | copies run | "
+             "copies shed (busy) | copies dropped (queue full) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for part, title in (("overload", "overload (32 connections)"), ("half", "about half of capacity (paced)")):
         counts = f"{part}_shadow"
         lines.append(f"| {title} | {med('no_shadow', part, 'req_per_s'):,.0f} | {med('no_shadow', part, 'p99_ms'):.2f} "
                      f"| {med('shadow', part, 'req_per_s'):,.0f} | {med('shadow', part, 'p99_ms'):.2f} "
                      f"| {statistics.median(r['shadow'][counts]['ran'] for r in rounds):,.0f} "
+                     f"| {statistics.median(r['shadow'][counts]['shed'] for r in rounds):,.0f} "
                      f"| {statistics.median(r['shadow'][counts]['dropped'] for r in rounds):,.0f} |")
     ratios, targets = result["ratios"], result["targets"]
     lines += ["", "| target | bound | measured | |", "|---|---:|---:|---|",
@@ -150,7 +155,7 @@ def markdown(result: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--out-dir", type=Path, default=None)
     args = parser.parse_args()
     result = bench(args)

@@ -77,7 +77,15 @@ class DataPlane:
     def __init__(self, models: ModelRegistry) -> None:
         self._registry = models
         self._inlined: dict[str, bool] = {}  # model -> whether its last try_inline ran in place
+        self.busy = None  # the server's load signal for shadows (set_busy)
         self.refresh()
+
+    def set_busy(self, busy) -> None:
+        """``busy()``: whether the server is busy now; shadow copies are shed while it is
+        (:mod:`processor.shadow`)."""
+        self.busy = busy
+        for model in self._registry:
+            model.shadow.busy = busy
 
     def refresh(self) -> None:
         """Take the registry's models as they are now (a live model set added, replaced or
@@ -87,6 +95,7 @@ class DataPlane:
         models = list(self._registry)
         for model in models:
             model.shadow.run = self._run_shadow
+            model.shadow.busy = self.busy
         managers = {m.name: m.manager for m in models}
         # a call finds its model by its manager: a removed model's goes first, an added one's last,
         # so whoever finds a manager finds the model's other parts too

@@ -4,12 +4,17 @@ The request thread only offers a copy (:meth:`ShadowRunner.offer`: a draw agains
 ``fraction``, a copy of a wire request given as a view of the caller's buffer, a non-blocking
 put); one daemon thread runs the copies, at the lowest CPU priority the OS gives a thread
 (``nice`` 19), so on busy cores the primary's requests run first and the copies wait. At most
-``max_queued`` copies wait: more are dropped and counted, never queued and never waited for, so
-a shadow never delays a primary answer and is the first thing shed when the server is busy. A
+``max_queued`` copies wait: more are dropped and counted, never queued and never waited for. And
+while ``busy()`` says the server is busy (the server: its machine's CPUs are busy,
+``server/cpu_meter.py``), a copy is shed, counted, both when it is offered and when its turn to run comes: the
+copies' own Python work holds the GIL, which a lower CPU priority does not give back to the
+primary's requests, so under load they must not run at all. A shadow never delays a primary
+answer and is the first thing shed when the server is busy. A
 copy's answer goes to the caller's ``on_answer`` (the DataPlane logs it, marked as shadow),
 never to a client.
 
-Counters (:meth:`stats`): offered, ran, failed, dropped, and the seconds the copies ran.
+Counters (:meth:`stats`): offered, ran, failed, dropped (the queue was full), shed (the server
+was busy), and the seconds the copies ran.
 Thread-safe: any thread may offer; :meth:`close` stops the thread after the copies queued.
 """
 
@@ -39,11 +44,12 @@ class ShadowRunner:
     def __init__(self, model: str, run: Callable[[PredictCall], Any] | None = None) -> None:
         self.model = model
         self.run = run
+        self.busy: Callable[[], bool] | None = None  # the server's load signal (None: never busy)
         self._queue: queue.SimpleQueue | None = None  # unbounded: offer bounds it (max_queued)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._closed = False
-        self.counts = {"offered": 0, "ran": 0, "failed": 0, "dropped": 0}
+        self.counts = {"offered": 0, "ran": 0, "failed": 0, "dropped": 0, "shed": 0}
         self.run_seconds = 0.0
 
     def offer(self, call: PredictCall, number: int, fraction: float, max_queued: int) -> bool:
@@ -52,6 +58,8 @@ class ShadowRunner:
         if fraction < 1.0 and random.random() >= fraction:
             return False
         self.counts["offered"] += 1
+        if self._is_busy():
+            return False
         pending = self._queue if self._queue is not None else self._start()
         if pending is None:
             return False
@@ -84,6 +92,8 @@ class ShadowRunner:
             call = pending.get()
             if call is _STOP:
                 return
+            if self._is_busy():
+                continue
             started = time.perf_counter()
             try:
                 self.run(call)
@@ -93,6 +103,13 @@ class ShadowRunner:
                 log.debug("model %s: shadow call on version %s failed: %s", self.model, call.version, exc)
             finally:
                 self.run_seconds += time.perf_counter() - started
+
+    def _is_busy(self) -> bool:
+        busy = self.busy
+        if busy is not None and busy():
+            self.counts["shed"] += 1
+            return True
+        return False
 
     def stats(self) -> dict[str, Any]:
         pending = self._queue

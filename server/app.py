@@ -86,6 +86,7 @@ class ServingApp:
     async def serve(self) -> int:
         dep = self.deployment
         loop = self._loop = asyncio.get_running_loop()
+        self.runtime.cpu_meter.watch(threading.get_native_id())  # the HTTP loop: its load sheds shadow copies
         self._stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):

@@ -35,6 +35,7 @@ from processor.served_model import ModelRegistry, ServedModel
 
 from .access_log import AccessLog
 from .batch_waiter import BatchWaiter
+from .cpu_meter import CpuMeter
 from .drain import DrainGate
 from .logs import request_id_var
 from .metrics import UNKNOWN_MODEL, ServerMetrics
@@ -56,6 +57,9 @@ class ServingRuntime:
         self.models = models if models is not None else ModelRegistry.from_deployment(deployment, self.budget)
         self.dataplane = DataPlane(self.models)
         self.gate = DrainGate()
+        # shadow copies are shed while the machine's CPUs are busy (processor/shadow.py)
+        self.cpu_meter = CpuMeter()  # the edges' event loops register their threads (watch)
+        self.dataplane.set_busy(self.cpu_meter.busy)
         self.metrics = ServerMetrics(lambda: self.models, self._batching_info)
         self.admin_token = deployment.resolved_admin_token()
         self.access_log = AccessLog(deployment.access_log, deployment.access_log_sample_rate)

@@ -119,6 +119,7 @@ class GrpcServer:
         self.loop = _new_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="sp-grpc", daemon=True)
         self._thread.start()
+        rt.cpu_meter.watch(self._thread.native_id)  # its load sheds shadow copies
         ours = services(rt)
         methods: dict[str, Method] = {}
         for service in ours:
