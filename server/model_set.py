@@ -24,6 +24,10 @@ polled) and on SIGHUP. With ``workers > 1`` the supervisor reads the file, and e
 copy the supervisor rewrites (and signals): every worker follows, and a worker restarted later
 starts from the new set.
 
+The set also remembers the models it stopped serving (:attr:`ModelSet.unserved`: removed ones,
+"unloaded", and ones whose load failed, with the error), so that they can be loaded again by name
+(:mod:`server.repository`, the load / unload APIs, builds its changes with :meth:`ModelSet.change`).
+
 One apply at a time (a lock); loads run on the caller's thread (a background one: the poller,
 an admin request's executor). Thread-safe.
 """
@@ -107,6 +111,8 @@ class ModelSet:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.reports: list[dict[str, Any]] = []  # the last few, newest last
+        # models known and not served: name -> (their entry, why: "unloaded" or the load's error)
+        self.unserved: dict[str, tuple[Any, str]] = {}
 
     # --- triggers ---------------------------------------------------------------------------
 
@@ -155,9 +161,18 @@ class ModelSet:
 
     def apply(self, new: DeploymentConfig, trigger: str = "request") -> dict[str, Any]:
         """Make the served models ``new``'s (see the module doc); returns the report."""
+        return self.change(lambda running: new, trigger)
+
+    def change(self, edit: Callable[[DeploymentConfig], DeploymentConfig], trigger: str = "request",
+               reload: frozenset[str] = frozenset()) -> dict[str, Any]:
+        """Apply ``edit(running deployment)`` as :meth:`apply` does, the running deployment read
+        under the set's lock (no other change comes between); ``edit`` may raise (a
+        ProcessorError for its caller: nothing changed). The models named in ``reload`` are
+        loaded anew even when their entry did not change."""
         with self._lock:
             rt = self.runtime
             old = rt.deployment
+            new = edit(old)
             report: dict[str, Any] = {"trigger": trigger, "added": [], "removed": [], "replaced": [],
                                       "routing": [], "failed": {}, "not_applied": changed_server_keys(old, new)}
             if report["not_applied"]:
@@ -173,7 +188,8 @@ class ModelSet:
                     rt.retire_model(model)
             for name, entry in after.items():
                 was = before.get(name)
-                if was is not None and all(getattr(was, k) == getattr(entry, k) for k in _RELOADED):
+                if was is not None and name not in reload and all(getattr(was, k) == getattr(entry, k)
+                                                                  for k in _RELOADED):
                     if was.routing != entry.routing:
                         self._route(name, entry, report)
                     continue
@@ -183,7 +199,21 @@ class ModelSet:
             kept = tuple(e for e in new.models if e.name in served and e.name not in report["failed"]) + tuple(
                 before[n] for n in report["failed"] if n in before and n in served)
             rt.deployment = old.model_copy(update={"models": kept})
+            self._remember(before, after, served, report)
             return self._report(report)
+
+    def _remember(self, before: dict, after: dict, served: set[str], report: dict[str, Any]) -> None:
+        """Keep :attr:`unserved` in step: a removed model is "unloaded", one that failed to load
+        and is not served keeps its error; a served one is forgotten there."""
+        unserved = dict(self.unserved)
+        for name in report["removed"]:
+            unserved[name] = (before[name], "unloaded")
+        for name, error in report["failed"].items():
+            if name not in served:
+                unserved[name] = (after[name], error)
+        for name in served:
+            unserved.pop(name, None)
+        self.unserved = unserved
 
     def _load(self, entry, replaces: bool, report: dict[str, Any]) -> None:
         rt, name = self.runtime, entry.name

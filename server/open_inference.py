@@ -33,6 +33,7 @@ import numpy as np
 
 from processor import dtypes
 from processor.echo import shorten
+from processor.config import parse_json
 from processor.errors import Internal, InvalidArgument, NotFound, PayloadTooLarge
 from processor.request import MAX_VERSION, PredictCall, parse_version, version_number
 
@@ -40,7 +41,8 @@ from . import native_json
 
 SERVER_NAME = "serving-processor"
 # The binary tensor extension over HTTP (Inference-Header-Content-Length); gRPC raw contents.
-EXTENSIONS = ("binary_tensor_data",)
+# The model repository extension (load, unload, index: server/repository.py), admin-protected.
+EXTENSIONS = ("binary_tensor_data", "model_repository")
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DATATYPES: dict[str, np.dtype] = {
@@ -83,6 +85,27 @@ class DataPieces:
 
 def server_metadata() -> dict[str, Any]:
     return {"name": SERVER_NAME, "version": _version(), "extensions": list(EXTENSIONS)}
+
+
+def load_config(parameters: dict[str, Any]) -> Any:
+    """The model config a repository load request's ``parameters`` carry (Triton's override
+    form: ``config``, a JSON string of the model's ``model_config``; an object is taken too),
+    None without one. File overrides (``file:<path>``, Triton's model directory sent in the
+    request) are refused: a model's files are read from its ``savedmodel_dir``. Other
+    parameters (``unload_dependents``...) are ignored."""
+    files = sorted(k for k in parameters if k.startswith("file:"))
+    if files:
+        raise InvalidArgument(f"parameters.{echo(files[0])}: file overrides are not supported; name the "
+                              f"model's files in its model_config's savedmodel_dir")
+    config = parameters.get("config")
+    if config is None:
+        return None
+    if isinstance(config, (str, bytes)):
+        return parse_json(config, "parameters.config")  # ConfigError naming the parameter
+    if not isinstance(config, dict):
+        raise InvalidArgument(f"parameters.config: expected the model_config as a JSON string, got "
+                              f"{type(config).__name__}")
+    return config
 
 
 def _version() -> str:

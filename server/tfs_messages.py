@@ -49,7 +49,8 @@ from google.protobuf.message import DecodeError
 
 # The pb2 modules whose files (and their dependencies) make the pool.
 _ROOTS = tuple(f"tensorflow_serving.apis.{name}_pb2" for name in (
-    "predict", "classification", "regression", "inference", "get_model_metadata", "get_model_status"))
+    "predict", "classification", "regression", "inference", "get_model_metadata", "get_model_status",
+    "model_management"))
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,8 @@ class Messages:
     GetModelStatusRequest: Any
     GetModelStatusResponse: Any
     ModelVersionStatus: Any
+    ReloadConfigRequest: Any
+    ReloadConfigResponse: Any
     SignatureDef: Any
     TensorInfo: Any
     TensorShapeProto: Any
@@ -105,7 +108,7 @@ def _build() -> Messages:
         "PredictRequest", "PredictResponse", "ClassificationRequest", "ClassificationResponse",
         "RegressionRequest", "RegressionResponse", "MultiInferenceRequest", "MultiInferenceResponse",
         "GetModelMetadataRequest", "GetModelMetadataResponse", "SignatureDefMap", "GetModelStatusRequest",
-        "GetModelStatusResponse", "ModelVersionStatus")}
+        "GetModelStatusResponse", "ModelVersionStatus", "ReloadConfigRequest", "ReloadConfigResponse")}
     code = pool.pool.FindEnumTypeByName("tensorflow.error.Code")
     return Messages(**serving, SignatureDef=cls("tensorflow.SignatureDef"), TensorInfo=cls("tensorflow.TensorInfo"),
                     TensorShapeProto=cls("tensorflow.TensorShapeProto"),

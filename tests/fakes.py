@@ -18,6 +18,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from processor.store.model_version import ModelVersion
 from processor.config import ModelConfig
 from processor.processor import Processor
 from processor.served_model import ModelRegistry, ServedModel
@@ -85,7 +86,7 @@ class _Signature:
 
 class _Group:
     signature = _Signature()
-    version = None
+    version = ModelVersion(1, -1)  # answers name the version that answered
     serves_natively = False  # an event loop never runs it in place (DataPlane.try_inline)
 
     def serve(self, data) -> bytes:

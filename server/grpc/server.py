@@ -16,6 +16,14 @@ Services:
 * ``tensorflow.serving.PredictionService`` (Predict, Classify, Regress, MultiInference,
   GetModelMetadata) and ``tensorflow.serving.ModelService/GetModelStatus``: the messages of the
   ``tensorflow-serving-api`` package, so unchanged TF Serving clients work (:mod:`.tfs`).
+* Admin methods: KServe v2's model repository (``RepositoryIndex``, ``RepositoryModelLoad``,
+  ``RepositoryModelUnload``, :mod:`.v2`) and TF Serving's ``HandleReloadConfigRequest``
+  (:mod:`.tfs`), :mod:`server.repository`'s logic. Each is checked by the server's
+  :class:`~server.http.admin.AdminGate` (:class:`GrpcAdminGate`: the token in the ``authorization``
+  (``Bearer <token>``) or ``x-admin-token`` metadata, a verified client certificate with
+  ``admin_client_cert``): UNAUTHENTICATED without a token, PERMISSION_DENIED with a wrong one or
+  none configured; each call is logged with the caller's address and runs on the default executor.
+  Like the HTTP admin routes they are not counted in the request metrics.
 * ``grpc.health.v1.Health``: ``""`` is SERVING when every model is ready; each service name when
   at least one model is; each model name when that model is; all NOT_SERVING while draining.
 
@@ -40,7 +48,7 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import grpc
@@ -49,7 +57,9 @@ from processor.errors import InvalidArgument
 from processor.request import PredictCall, parse_version
 
 from ..deadline import from_grpc
+from ..http.admin import AdminGate
 from ..logs import request_id_var
+from ..repository import off_loop
 from ..runtime import ServingRuntime
 from . import tfs, v2
 from .interceptor import EdgeInterceptor, Method, Service, metadata, metadata_values
@@ -102,10 +112,50 @@ class ProcessorService:
         return Service(PROCESSOR_SERVICE, {"Predict": (self.predict, Method("predict", model=self.model_of))})
 
 
+class GrpcAdminGate:
+    """The admin check of gRPC calls: the server's :class:`~server.http.admin.AdminGate` (the
+    one rule the HTTP admin API is checked by) over a call's metadata and peer certificate."""
+
+    _CODES = {401: grpc.StatusCode.UNAUTHENTICATED, 403: grpc.StatusCode.PERMISSION_DENIED}
+
+    def __init__(self, gate: AdminGate) -> None:
+        self.gate = gate
+
+    async def call(self, context: grpc.aio.ServicerContext, action: str, target: str,
+                   fn: Callable[[str], Any], refused: Callable[[], Any]) -> Any:
+        """``fn(caller)`` on the default executor when the gate lets the call in (logged with the
+        caller), its result the response; else the call's status is UNAUTHENTICATED or
+        PERMISSION_DENIED with the gate's message (logged), and ``refused()`` (an empty response
+        message) is returned with it."""
+        caller = context.peer() or "unknown"
+        authorization, token = metadata_values(context, _ADMIN_METADATA, 2)
+        denied = self.gate.check(authorization or "", token or "", _cert_names(context))
+        if denied is not None:
+            status, message = denied
+            log.warning("admin %s of %s by %s refused (%d): %s", action, target, caller, status, message,
+                        extra={"client": caller, "model": target})
+            context.set_code(self._CODES[status])
+            context.set_details(message)
+            return refused()
+        log.info("admin %s of %s requested by %s", action, target, caller, extra={"client": caller, "model": target})
+        return await off_loop(fn, caller)
+
+
+_ADMIN_METADATA = {"authorization": 0, "x-admin-token": 1}
+
+
+def _cert_names(context: grpc.aio.ServicerContext) -> tuple[str, ...] | None:
+    """The names (subject CN, SANs) of the caller's verified client certificate; None without one."""
+    auth = context.auth_context() or {}
+    names = [*auth.get("x509_common_name", ()), *auth.get("x509_subject_alternative_name", ())]
+    return tuple(n.decode("latin-1") if isinstance(n, bytes) else n for n in names) if names else None
+
+
 def services(rt: ServingRuntime) -> list[Service]:
     """Every service of ours: our ProcessorService, KServe v2, TF Serving's (when its messages
-    are installed)."""
-    return [ProcessorService(rt).service(), v2.service(rt), *tfs.services(rt)]
+    are installed); their admin methods behind one :class:`GrpcAdminGate`."""
+    admin = GrpcAdminGate(AdminGate.of(rt))
+    return [ProcessorService(rt).service(), v2.service(rt, admin), *tfs.services(rt, admin)]
 
 
 class GrpcServer:

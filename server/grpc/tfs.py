@@ -19,7 +19,17 @@ As TF Serving answers them:
 * Classify / Regress / MultiInference: :mod:`server.tfs_inference`.
 * GetModelMetadata: every signature served, in one ``SignatureDefMap``.
 
-HandleReloadConfigRequest is not served (UNIMPLEMENTED: models come from the deployment file).
+* HandleReloadConfigRequest (an admin action, behind the server's admin gate: the ``admin``
+  :class:`~server.grpc.server.GrpcAdminGate`): its ``ModelServerConfig``'s
+  ``model_config_list`` becomes the whole served model list (:func:`server.repository.reload_config`);
+  each ``ModelConfig``: ``name``, ``base_path`` -> ``savedmodel_dir``, ``model_version_policy``
+  (latest / all / specific; none: latest 1, TF Serving's default) and ``version_labels``; a model
+  already known under that name keeps its other ``model_config`` keys (``session_num``...).
+  ``model_platform`` other than ``tensorflow`` (or empty), or a ``custom_model_config``, is
+  INVALID_ARGUMENT; ``logging_config`` is ignored (logged). As TF Serving answers: OK with
+  ``status.error_code`` 0, else the error as the call's status (a bad config INVALID_ARGUMENT
+  naming the key, nothing changed; a model that failed to load: its error, the others applied).
+
 Each call goes through the server's interceptor (:mod:`.interceptor`: parsing, request id, drain
 gate, metrics, access log, the one error mapping); the model's work runs where
 ``ServingRuntime.serve`` says (in place for a small request to a model that runs in place, else
@@ -34,10 +44,11 @@ from typing import Any
 import grpc
 
 from processor.dtypes import DT_STRING
+from processor.echo import shorten
 from processor.errors import InvalidArgument
 from processor.request import PredictCall
 
-from .. import tfs_inference, tfserving
+from .. import repository, tfs_inference, tfserving
 from ..deadline import from_grpc
 from ..infer_forms import InferForms
 from ..runtime import ServingRuntime
@@ -88,12 +99,46 @@ def _first_task_model(request, context) -> str:
     return request.tasks[0].model_spec.name if request.tasks else ""
 
 
-class TfsService:
-    """The two services' methods (async handlers under the server's interceptor)."""
+def model_entries(config) -> list[dict[str, Any]]:
+    """A ``ModelServerConfig``'s models as our JSON model entries (see the module doc);
+    InvalidArgument naming the field TF Serving's config has and ours cannot take."""
+    if config.WhichOneof("config") != "model_config_list":
+        raise InvalidArgument("ServerModelConfig type not supported by HandleReloadConfigRequest. "
+                              "Only ModelConfigList is currently supported")
+    entries = []
+    for i, model in enumerate(config.model_config_list.config):
+        where = f"config.model_config_list.config[{i}]"
+        if model.model_platform not in ("", "tensorflow"):
+            raise InvalidArgument(f"{where}.model_platform: {shorten(model.model_platform, 80)} is not served; "
+                                  f"only \"tensorflow\" (SavedModels; ONNX models through the deployment file)")
+        if model.HasField("logging_config"):
+            log.warning("%s.logging_config of model %s ignored: request logging is the model_config's "
+                        "logging_config here", where, model.name)
+        entries.append({"name": model.name,
+                        "model_config": {"savedmodel_dir": model.base_path,
+                                         "model_version_policy": _version_policy(model.model_version_policy)},
+                        "version_labels": dict(model.version_labels)})
+    return entries
 
-    def __init__(self, rt: ServingRuntime, types: Messages) -> None:
+
+def _version_policy(policy) -> dict[str, Any]:
+    """A ``ServableVersionPolicy`` in our JSON form (none set: latest 1, TF Serving's default)."""
+    kind = policy.WhichOneof("policy_choice")
+    if kind == "all":
+        return {"all": {}}
+    if kind == "specific":
+        return {"specific": {"versions": list(policy.specific.versions)}}
+    return {"latest": {"num_versions": (policy.latest.num_versions if kind == "latest" else 0) or 1}}
+
+
+class TfsService:
+    """The two services' methods (async handlers under the server's interceptor); ``admin``: the
+    gate of the admin method (a :class:`~server.grpc.server.GrpcAdminGate`)."""
+
+    def __init__(self, rt: ServingRuntime, types: Messages, admin: Any) -> None:
         self.rt = rt
         self.m = types
+        self.admin = admin
         self._forms = InferForms()  # Predict requests of raw tensors in a form seen before
 
     async def predict(self, request, context: grpc.aio.ServicerContext):
@@ -168,6 +213,14 @@ class TfsService:
         response.metadata["signature_def"].Pack(sig_map)
         return response
 
+    async def reload_config(self, request, context: grpc.aio.ServicerContext):
+        def reload(caller: str):
+            repository.reload_config(self.rt, model_entries(request.config), caller)
+            response = self.m.ReloadConfigResponse()
+            response.status.error_code = 0  # OK
+            return response
+        return await self.admin.call(context, "model config reload", "*", reload, self.m.ReloadConfigResponse)
+
     async def status(self, request, context: grpc.aio.ServicerContext):
         name, version, label = _spec(request.model_spec)
         statuses = tfserving.served_model_status(self.rt.model(name), version, label)
@@ -180,15 +233,17 @@ class TfsService:
         return response
 
 
-def services(rt: ServingRuntime) -> list[Service]:
-    """The two services; none (a warning logged) without ``tensorflow-serving-api``."""
+def services(rt: ServingRuntime, admin: Any) -> list[Service]:
+    """The two services; none (a warning logged) without ``tensorflow-serving-api``. ``admin``:
+    the gate of HandleReloadConfigRequest (not counted in the request metrics, as the HTTP admin
+    routes)."""
     try:
         m = messages()
     except ImportError as exc:
         log.warning("TF Serving gRPC API disabled: %s (install tensorflow-serving-api with "
                     "--no-deps, as scripts/setup.sh does)", exc)
         return []
-    service = TfsService(rt, m)
+    service = TfsService(rt, m, admin)
 
     def method(api: str, request_type: Any, response_type: Any, model=_model) -> Method:
         return Method(api, request_type, response_type, model)
@@ -203,4 +258,6 @@ def services(rt: ServingRuntime) -> list[Service]:
                                                       m.GetModelMetadataResponse)),
     }), Service(MODEL_SERVICE, {
         "GetModelStatus": (service.status, method("tfs_status", m.GetModelStatusRequest, m.GetModelStatusResponse)),
+        "HandleReloadConfigRequest": (service.reload_config, Method(
+            "tfs_reload_config", m.ReloadConfigRequest, m.ReloadConfigResponse, tracked=False)),
     })]

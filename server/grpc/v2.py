@@ -15,9 +15,17 @@ ModelInfer's ``model_version`` runs on that one (NOT_FOUND when it is not served
 response's ``model_version`` names the version that answered; a request naming none runs on the
 default, or on the arm of the model's traffic split that its ``x-routing-key`` metadata picks.
 ModelReady is ready for a served version, ``ready: false`` for another.
+
+The model repository extension, as Triton serves it (tritonclient's ``get_model_repository_index``,
+``load_model(name, config=...)``, ``unload_model``): RepositoryIndex, RepositoryModelLoad (its
+``config`` parameter: the model's ``model_config`` as a JSON string), RepositoryModelUnload;
+:mod:`server.repository`'s logic, admin actions behind the server's admin gate (the
+``admin`` :class:`~server.grpc.server.GrpcAdminGate`).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 
@@ -25,6 +33,7 @@ from processor.errors import InvalidArgument
 from processor.proto import grpc_predict_v2_pb2 as pb
 
 from .. import open_inference as oip
+from .. import repository
 from ..deadline import from_grpc
 from ..infer_forms import InferForms
 from ..runtime import ServingRuntime
@@ -43,10 +52,12 @@ _FIELD_TYPES = {"bool_contents": np.bool_, "int_contents": np.int32, "int64_cont
 
 
 class V2Service:
-    """The service's methods (async handlers under the server's interceptor)."""
+    """The service's methods (async handlers under the server's interceptor); ``admin``: the
+    gate of the repository methods (a :class:`~server.grpc.server.GrpcAdminGate`)."""
 
-    def __init__(self, rt: ServingRuntime) -> None:
+    def __init__(self, rt: ServingRuntime, admin: Any) -> None:
         self.rt = rt
+        self.admin = admin
         self._forms = InferForms()  # raw requests of a form seen before (server/infer_forms.py)
 
     async def server_live(self, request, context) -> pb.ServerLiveResponse:
@@ -91,6 +102,37 @@ class V2Service:
             forms.learn(rt, key, model, lambda: oip.infer_call(model, version, inputs, wanted),
                         [len(t.raw) for t in inputs], outputs)
         return _response(request, number, outputs)
+
+
+    async def repository_index(self, request, context) -> pb.RepositoryIndexResponse:
+        def index(caller: str) -> pb.RepositoryIndexResponse:
+            Row = pb.RepositoryIndexResponse.ModelIndex
+            return pb.RepositoryIndexResponse(models=[Row(**row) for row in repository.index(self.rt, request.ready)])
+        return await self.admin.call(context, "repository index", "*", index, pb.RepositoryIndexResponse)
+
+    async def repository_load(self, request, context) -> pb.RepositoryModelLoadResponse:
+        def load(caller: str) -> pb.RepositoryModelLoadResponse:
+            config = oip.load_config(_parameters(request.parameters))
+            repository.load(self.rt, request.model_name, config, caller)
+            return pb.RepositoryModelLoadResponse()
+        return await self.admin.call(context, "repository load", request.model_name, load,
+                                     pb.RepositoryModelLoadResponse)
+
+    async def repository_unload(self, request, context) -> pb.RepositoryModelUnloadResponse:
+        def unload(caller: str) -> pb.RepositoryModelUnloadResponse:
+            repository.unload(self.rt, request.model_name, caller)
+            return pb.RepositoryModelUnloadResponse()
+        return await self.admin.call(context, "repository unload", request.model_name, unload,
+                                     pb.RepositoryModelUnloadResponse)
+
+
+def _parameters(parameters) -> dict[str, Any]:
+    """A repository request's parameters as plain values (each its oneof's field; unset: None)."""
+    out = {}
+    for key, value in parameters.items():
+        field = value.WhichOneof("parameter_choice")
+        out[key] = getattr(value, field) if field is not None else None
+    return out
 
 
 def _response(request, number: str, outputs: dict[str, np.ndarray]) -> pb.ModelInferResponse:
@@ -164,8 +206,10 @@ def _model_name(request, context) -> str:
     return request.model_name
 
 
-def service(rt: ServingRuntime) -> Service:
-    v2 = V2Service(rt)
+def service(rt: ServingRuntime, admin: Any) -> Service:
+    """The service; ``admin``: the gate of its repository methods (admin actions, not counted
+    in the request metrics, as the HTTP admin routes)."""
+    v2 = V2Service(rt, admin)
     return Service(SERVICE, {
         "ServerLive": (v2.server_live, Method("v2_live", pb.ServerLiveRequest, pb.ServerLiveResponse,
                                               tracked=False)),
@@ -179,4 +223,11 @@ def service(rt: ServingRuntime) -> Service:
                                                     pb.ModelMetadataResponse, _name)),
         "ModelInfer": (v2.model_infer, Method("v2_infer", pb.ModelInferRequest, pb.ModelInferResponse,
                                               _model_name)),
+        "RepositoryIndex": (v2.repository_index, Method("v2_repository_index", pb.RepositoryIndexRequest,
+                                                        pb.RepositoryIndexResponse, tracked=False)),
+        "RepositoryModelLoad": (v2.repository_load, Method("v2_repository_load", pb.RepositoryModelLoadRequest,
+                                                           pb.RepositoryModelLoadResponse, tracked=False)),
+        "RepositoryModelUnload": (v2.repository_unload, Method(
+            "v2_repository_unload", pb.RepositoryModelUnloadRequest, pb.RepositoryModelUnloadResponse,
+            tracked=False)),
     })

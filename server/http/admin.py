@@ -6,8 +6,6 @@ never on the event loop."""
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
 import hashlib
 import hmac
 import logging
@@ -18,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..repository import off_loop
 from ..runtime import ServingRuntime
 from .errors import ADMIN_ERRORS, error_response
 
@@ -49,29 +48,10 @@ class RoutingBody(BaseModel):
 
 def register(app: FastAPI, rt: ServingRuntime) -> None:
     """Add the admin routes to ``app``, behind the deployment's :class:`AdminGate`."""
-    dep = rt.deployment
-    gate = AdminGate(rt.admin_token, dep.admin_allow_without_token,
-                     tuple(dep.admin_client_cert_names) if dep.admin_client_cert else None)
+    gate = AdminGate.of(rt)
 
     async def admin(request: Request, model: str, action: str, fn: Callable[[str], dict]) -> Response:
-        caller = _caller(request)
-        tls = request.scope.get("extensions", {}).get("tls", {})  # server/http/protocol.py
-        denied = gate.check(request.headers.get("authorization", ""), request.headers.get("x-admin-token", ""),
-                            tls.get("client_cert_names"))
-        if denied is not None:
-            status, message = denied
-            log.warning("admin %s of %s by %s refused (%d): %s", action, model, caller, status, message,
-                        extra={"client": caller, "model": model})
-            headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-            return JSONResponse({"error": message}, status_code=status, headers=headers)
-        log.info("admin %s of %s requested by %s", action, model, caller, extra={"client": caller, "model": model})
-        try:
-            rt.model(model)  # NotFound for an unknown model
-            ctx = contextvars.copy_context()
-            result = await asyncio.get_running_loop().run_in_executor(None, ctx.run, fn, caller)
-        except Exception as exc:
-            return error_response(exc)
-        return JSONResponse(result)
+        return await guarded(gate, request, action, model, fn, check=lambda: rt.model(model))
 
     @app.post("/admin/models/{model}/reload", tags=["admin"], responses=ADMIN_ERRORS,
               summary="Load the version the model store names now")
@@ -107,6 +87,32 @@ def register(app: FastAPI, rt: ServingRuntime) -> None:
         return await admin(request, model, "routing change", lambda caller: rt.route(model, changes, caller=caller))
 
 
+async def guarded(gate: AdminGate, request: Request, action: str, target: str, fn: Callable[[str], Any],
+                  check: Callable[[], Any] | None = None) -> Response:
+    """One admin request: refused (401 / 403, logged with the caller) unless ``gate`` lets it
+    in; else logged with the caller, ``check()`` (raises, e.g. NotFound for an unknown model)
+    and ``fn(caller)`` on the default executor, its result answered as JSON, an error through
+    STATUS_TABLE."""
+    caller = _caller(request)
+    tls = request.scope.get("extensions", {}).get("tls", {})  # server/http/protocol.py
+    denied = gate.check(request.headers.get("authorization", ""), request.headers.get("x-admin-token", ""),
+                        tls.get("client_cert_names"))
+    if denied is not None:
+        status, message = denied
+        log.warning("admin %s of %s by %s refused (%d): %s", action, target, caller, status, message,
+                    extra={"client": caller, "model": target})
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        return JSONResponse({"error": message}, status_code=status, headers=headers)
+    log.info("admin %s of %s requested by %s", action, target, caller, extra={"client": caller, "model": target})
+    try:
+        if check is not None:
+            check()
+        result = await off_loop(fn, caller)
+    except Exception as exc:
+        return error_response(exc)
+    return JSONResponse(result)
+
+
 class AdminGate:
     """Who may call the admin endpoints.
 
@@ -126,6 +132,14 @@ class AdminGate:
         self._digest = hashlib.sha256(token.encode()).digest() if token else None
         self.allow_without_token = allow_without_token
         self.cert_names = cert_names
+
+    @classmethod
+    def of(cls, rt: ServingRuntime) -> AdminGate:
+        """The server's gate: its admin token, ``admin_allow_without_token``, ``admin_client_cert``
+        (the one rule every admin API, HTTP and gRPC, is checked by)."""
+        dep = rt.deployment
+        return cls(rt.admin_token, dep.admin_allow_without_token,
+                   tuple(dep.admin_client_cert_names) if dep.admin_client_cert else None)
 
     def check(self, authorization: str, x_admin_token: str = "",
               client_cert_names: tuple[str, ...] | None = None) -> tuple[int, str] | None:

@@ -23,6 +23,9 @@ Endpoints (OpenAPI at ``/docs`` and ``/openapi.json``):
   an HTTPS client whose certificate the client CA verified is let in without the token
   (``admin_client_cert_names`` narrows it to named certificates). Every admin call is logged
   with the caller's address.
+* Model repository (KServe v2's extension, admin-protected as above): ``POST
+  /v2/repository/index``, ``POST /v2/repository/models/{m}/load`` and ``/unload``
+  (:mod:`.repository`).
 
 Every error is ``{"error": "<message>"}`` with the HTTP status of ``STATUS_TABLE`` (OpenAPI lists
 them per route); a 405 carries ``Allow``. Model work runs on the model's thread pool, never on the
@@ -39,7 +42,7 @@ from fastapi import FastAPI
 
 from ..logs import new_request_id, request_id_var
 from ..runtime import ServingRuntime
-from . import admin, errors, probe_routes, processor_routes, tfs_routes, v2
+from . import admin, errors, probe_routes, processor_routes, repository, tfs_routes, v2
 from .predict import PredictRoutes
 
 _V1_PREFIX = re.compile(r"^/v1/models", re.I)
@@ -68,6 +71,7 @@ def create_http_app(rt: ServingRuntime) -> Any:
     v2.register(app, rt, errors.PREDICT_ERRORS, predict)  # the Open Inference Protocol (KServe v2)
     probe_routes.register_metrics(app, rt)
     admin.register(app, rt)
+    repository.register(app, rt)  # KServe v2's model repository extension (admin)
     return RequestContext(app, predict)
 
 

@@ -22,6 +22,7 @@ import pytest
 
 from fakes import ANSWER, FakeManager, fake_models
 from processor.deployment import DeploymentConfig
+from processor.store.model_version import ModelVersion
 
 QUEUE = 6  # "slow" may have this many requests waiting for its one thread
 REQUEST = b"\x0a\x00"  # any non-empty body: the fake engine answers ANSWER
@@ -31,7 +32,7 @@ class _Held:
     """A served group whose call blocks until ``release`` is set."""
 
     signature = None
-    version = None
+    version = ModelVersion(1, -1)  # the answers name it (X-Model-Version, x-model-version)
     serves_natively = False  # never in place: it runs on the model's pool
 
     def __init__(self) -> None:

@@ -29,10 +29,10 @@ def real():
     from tensorflow.core.framework import tensor_shape_pb2
     from tensorflow.core.protobuf import error_codes_pb2, meta_graph_pb2
     from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2, get_model_status_pb2,
-                                         inference_pb2, predict_pb2, regression_pb2)
+                                         inference_pb2, model_management_pb2, predict_pb2, regression_pb2)
 
     modules = (predict_pb2, classification_pb2, regression_pb2, inference_pb2, get_model_metadata_pb2,
-               get_model_status_pb2, meta_graph_pb2, tensor_shape_pb2)
+               get_model_status_pb2, model_management_pb2, meta_graph_pb2, tensor_shape_pb2)
     out = {f.name: getattr(next(m for m in modules if hasattr(m, f.name)), f.name)
            for f in fields(tfs_messages.Messages) if f.name != "ErrorCode"}
     out["ErrorCode"] = error_codes_pb2.Code
@@ -152,7 +152,7 @@ def test_the_grpc_api_is_disabled_with_a_warning_without_the_package(unbuilt, mo
     from server.grpc import tfs
 
     monkeypatch.setattr(tfs_messages, "_ROOTS", ("no_such_serving_package.apis.predict_pb2",))
-    assert tfs.services(rt=None) == []
+    assert tfs.services(rt=None, admin=None) == []
     assert "TF Serving gRPC API disabled" in caplog.text
 
 
