@@ -17,7 +17,7 @@ from sp_checks import wait_for
 from processor.errors import ConfigError, NotFound
 from processor.store.checkpoint_layout import latest_version, version_dirs
 from processor.store.model_store import ModelStore
-from models.toy_versions import copy_version, export_version
+from models.toy_versions import copy_version, export_versions
 
 POLL = 0.2
 X1 = {"x": np.array([[1.0]], np.float32)}
@@ -27,9 +27,7 @@ X1 = {"x": np.array([[1.0]], np.float32)}
 def versions(tmp_path_factory):
     """Pristine version directories to copy from: 1 -> y = x + 1, 2 -> y = 2x + 1, 3 -> y = 3x + 1."""
     src = tmp_path_factory.mktemp("tfs") / "src"
-    for n in (1, 2, 3):
-        export_version(src, n, float(n), 1.0)
-    return src
+    return export_versions(src, (1, 2, 3))
 
 
 def config(base, **overrides):

@@ -15,7 +15,7 @@ from conftest import model_config
 from processor import codec
 from processor.errors import NotFound
 from processor.request import PredictCall
-from models.toy_versions import copy_version, export_version
+from models.toy_versions import copy_version, export_versions
 
 POLL = 0.2
 X1 = {"x": np.array([[1.0]], np.float32)}
@@ -25,9 +25,7 @@ X1 = {"x": np.array([[1.0]], np.float32)}
 def pristine(tmp_path_factory):
     """Version directories 1, 2, 3 to copy from: version n answers n*x + 1."""
     src = tmp_path_factory.mktemp("versions") / "src"
-    for n in (1, 2, 3):
-        export_version(src, n, float(n), 1.0)
-    return src
+    return export_versions(src, (1, 2, 3))
 
 
 def toy_config(base, **overrides):

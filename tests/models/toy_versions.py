@@ -35,3 +35,15 @@ def copy_version(versions, base, number, as_number=None):
     shutil.copytree(versions / str(number), staging)
     os.rename(staging, target)
     return target
+
+
+def export_versions(base, numbers=(1, 2)):
+    """Versions ``numbers`` under ``base``: version n answers ``answer_of(n, x)``."""
+    for number in numbers:
+        export_version(base, number, float(number), 1.0)
+    return base
+
+
+def answer_of(number: int, x: float) -> float:
+    """What version ``number`` of :func:`export_versions` answers at ``x``: n*x + 1."""
+    return number * x + 1.0

@@ -20,7 +20,7 @@ import grpc
 import numpy as np
 import pytest
 
-from models.toy_versions import export_version
+from models.toy_versions import answer_of, export_versions
 from processor import codec
 from processor.routing import key_point
 from sp_checks import wait_for
@@ -39,7 +39,7 @@ NAMED = [({"version": 1}, 1), ({"version": 2}, 2), ({"label": "stable"}, 1), ({"
 
 def y_of(number: int) -> float:
     """What version ``number`` answers at ``X``."""
-    return number * X + 1.0
+    return answer_of(number, X)
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +48,7 @@ def server(tmp_path_factory):
 
     work = tmp_path_factory.mktemp("grpc-versions")
     base = work / "toy"
-    for n in (1, 2):
-        export_version(base, n, float(n), 1.0)
+    export_versions(base)
     config = {"savedmodel_dir": str(base), "signature_name": "serving_default",
               "model_version_policy": {"latest": {"num_versions": 2}}}
     dep = {"models": [{"name": "m", "model_config": config, "version_labels": LABELS}],

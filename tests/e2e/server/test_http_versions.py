@@ -18,7 +18,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from models.toy_versions import export_version
+from models.toy_versions import answer_of, export_versions
 from processor import codec
 from sp_checks import wait_for
 
@@ -30,7 +30,7 @@ MODELS = ("m", "o")  # TensorFlow, ONNX Runtime
 
 def y_of(number: int) -> float:
     """What version ``number`` answers at ``X``."""
-    return number * X + 1.0
+    return answer_of(number, X)
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +39,7 @@ def server(tmp_path_factory):
 
     work = tmp_path_factory.mktemp("http-versions")
     base = work / "toy"
-    for n in (1, 2):
-        export_version(base, n, float(n), 1.0)
+    export_versions(base)
     config = {"savedmodel_dir": str(base), "signature_name": "serving_default",
               "model_version_policy": {"latest": {"num_versions": 2}}}
     labels = {"stable": 1, "canary": 2}

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from demo import dlrm_onnx
+from models.dlrm_models import build_models
 from processor import codec
 from sp_checks import wait_for
 
@@ -29,12 +30,7 @@ FEEDS = dlrm_onnx.inputs(2, seed=3)
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, Path]:
-    base = tmp_path_factory.mktemp("model_set")
-    out = {}
-    for name, seed in (("a", 1), ("b", 2)):
-        dlrm_onnx.build(base / name / "model.onnx", rows=2000, dim=8, seed=seed)
-        out[name] = base / name
-    return out
+    return build_models(tmp_path_factory.mktemp("model_set"))
 
 
 def entry(name: str, directory: Path, **config) -> dict:

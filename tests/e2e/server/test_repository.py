@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from demo import dlrm_onnx
+from models.dlrm_models import build_models
 from processor import codec
 
 tritonclient = pytest.importorskip("tritonclient", reason="tritonclient is a dev dependency (scripts/setup.sh)")
@@ -33,12 +34,7 @@ FEEDS = dlrm_onnx.inputs(2, seed=3)
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, Path]:
-    base = tmp_path_factory.mktemp("repository")
-    out = {}
-    for name, seed in (("a", 1), ("b", 2)):
-        dlrm_onnx.build(base / name / "model.onnx", rows=2000, dim=8, seed=seed)
-        out[name] = base / name
-    return out
+    return build_models(tmp_path_factory.mktemp("repository"))
 
 
 def config(directory: Path, **more) -> dict:

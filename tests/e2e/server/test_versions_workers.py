@@ -18,7 +18,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from models.toy_versions import export_version
+from models.toy_versions import export_versions
 from processor import codec
 from sp_checks import wait_for
 
@@ -57,8 +57,7 @@ def test_routing_changes_reach_every_worker_within_a_second(tmp_path):
     from tools.server_process import ServerProcess
 
     base = tmp_path / "toy"
-    for n in (1, 2):
-        export_version(base, n, float(n), 1.0)
+    export_versions(base)
     config = {"savedmodel_dir": str(base), "signature_name": "serving_default", "backend": "onnxruntime",
               "file_system_poll_wait_seconds": 0, "model_version_policy": {"latest": {"num_versions": 2}}}
     dep = {"models": [{"name": "toy", "model_config": config, "version_labels": {"stable": 1, "canary": 2}}],
