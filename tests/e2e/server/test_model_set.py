@@ -12,20 +12,15 @@ import os
 import signal
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from demo import dlrm_onnx
-from models.dlrm_models import build_models
-from processor import codec
+from models.dlrm_models import build_models, predict
 from sp_checks import wait_for
 
 POLL = 0.3
-FEEDS = dlrm_onnx.inputs(2, seed=3)
 
 
 @pytest.fixture(scope="module")
@@ -41,15 +36,6 @@ def entry(name: str, directory: Path, **config) -> dict:
 def deployment(*entries: dict, poll: float = POLL, workers: int = 1) -> dict:
     return {"models": list(entries), "model_config_file_poll_wait_seconds": poll, "workers": workers,
             "access_log": False, "drain_timeout_seconds": 5}
-
-
-def predict(server, model: str) -> tuple[int, np.ndarray | None]:
-    request = urllib.request.Request(server.http + f"/api/predict/{model}", data=codec.encode_request(FEEDS))
-    try:
-        with urllib.request.urlopen(request, timeout=30) as resp:
-            return resp.status, codec.decode_response(resp.read())["prob"]
-    except urllib.error.HTTPError as err:
-        return err.code, None
 
 
 def rewrite(server, data: dict) -> None:

@@ -18,9 +18,7 @@ import grpc
 import numpy as np
 import pytest
 
-from demo import dlrm_onnx
-from models.dlrm_models import build_models
-from processor import codec
+from models.dlrm_models import FEEDS, build_models, predict
 
 tritonclient = pytest.importorskip("tritonclient", reason="tritonclient is a dev dependency (scripts/setup.sh)")
 import tritonclient.grpc as tgrpc  # noqa: E402
@@ -29,7 +27,6 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 
 TOKEN = "repository-admin-token"
 BEARER = {"authorization": f"Bearer {TOKEN}"}
-FEEDS = dlrm_onnx.inputs(2, seed=3)
 
 
 @pytest.fixture(scope="module")
@@ -50,15 +47,6 @@ def server(models, tmp_path_factory):
                   "access_log": False, "drain_timeout_seconds": 5}
     with ServerProcess(deployment, tmp_path_factory.mktemp("server")) as proc:
         yield proc
-
-
-def predict(server, model: str) -> tuple[int, np.ndarray | None]:
-    request = urllib.request.Request(server.http + f"/api/predict/{model}", data=codec.encode_request(FEEDS))
-    try:
-        with urllib.request.urlopen(request, timeout=30) as resp:
-            return resp.status, codec.decode_response(resp.read())["prob"]
-    except urllib.error.HTTPError as err:
-        return err.code, None
 
 
 def rows(index: list[dict], name: str) -> list[tuple[str, str]]:
