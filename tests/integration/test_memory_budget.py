@@ -21,7 +21,8 @@ MIB = 1 << 20
 
 
 def config(base) -> ModelConfig:
-    return ModelConfig.from_dict({"savedmodel_dir": str(base), "backend": "onnxruntime",
+    # per-session pools: global ones, once made, would be in force for every later test in this process
+    return ModelConfig.from_dict({"savedmodel_dir": str(base), "backend": "onnxruntime", "use_per_session_threads": True,
                                   "file_system_poll_wait_seconds": POLL})
 
 
