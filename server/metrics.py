@@ -11,9 +11,12 @@ these are written to files and a scrape sums every worker's.
 
 Read at scrape time from the live objects of the process that answers the scrape:
 
-* per model, from its :class:`~processor.served_model.ServedModel`: ready, served version, full
-  loads / deltas / failed updates (the watcher's included) and the duration of the last update of
-  each kind;
+* per model, from its :class:`~processor.served_model.ServedModel`: ready, every served version
+  (``sp_model_served_version``, one sample each) and how many serve, full loads / deltas /
+  failed updates (the watcher's included, refused loads too) and the duration of the last
+  update of each kind; the bytes each served version holds by part
+  (``sp_model_memory_bytes{model, version, part}``); its shadow copies by outcome
+  (``sp_shadow_requests{model, outcome}``: offered, ran, failed, dropped, shed);
 * batching (models with ``batching``, :meth:`processor.dataplane.DataPlane.batching_info`): merged
   batch sizes and queue waits (histograms), requests and rows queued, requests run alone, retried
   alone after a failed merged call, refused (queue full) or expired;
@@ -56,12 +59,24 @@ class _ModelStateCollector(Collector):
                                      labels=["model"])
         last = GaugeMetricFamily("sp_model_last_update_seconds", "duration of the last update",
                                  labels=["model", "kind"])
+        count = GaugeMetricFamily("sp_model_versions_served", "versions served side by side", labels=["model"])
+        held = GaugeMetricFamily("sp_model_memory_bytes", "bytes a served version holds, by part",
+                                 labels=["model", "version", "part"])
+        shadow = CounterMetricFamily("sp_shadow_requests", "shadow copies of requests, by outcome",
+                                     labels=["model", "outcome"])
         for model in self._models():
             name = model.name
             ready.add_metric([name], 1.0 if model.ready else 0.0)
-            served = model.served_version()
-            if served is not None:
+            versions = model.served_versions()
+            count.add_metric([name], float(len(versions)))
+            for served in versions:
                 version.add_metric([name, served.label], float(served.full_step))
+            for number, parts in model.memory().items():
+                for part, value in parts.items():
+                    held.add_metric([name, number, part], float(value))
+            for outcome, value in model.shadow.stats().items():
+                if outcome in ("offered", "ran", "failed", "dropped", "shed"):
+                    shadow.add_metric([name, outcome], float(value))
             stats = model.stats
             for family, key in ((full, "full_loads"), (deltas, "delta_updates"), (failed, "failed_updates")):
                 if stats.get(key) is not None:
@@ -69,7 +84,7 @@ class _ModelStateCollector(Collector):
             for kind, key in (("full", "last_full_load_seconds"), ("delta", "last_delta_seconds")):
                 if stats.get(key) is not None:
                     last.add_metric([name, kind], float(stats[key]))
-        yield from (ready, version, full, deltas, failed, last)
+        yield from (ready, version, count, full, deltas, failed, last, held, shadow)
 
 
 class _BatchingCollector(Collector):

@@ -246,3 +246,24 @@ def test_classify_and_regress_pass_the_routing_key_on():
             with pytest.raises(Seen):
                 tfs_reply(rt, "m", None, "canary", method, b'{"examples": [{"x": 1.0}]}', key=key)
     assert [(c.routing_key, c.label) for c in calls] == [("user-1", "canary"), (None, "canary")] * 2
+
+
+def test_metrics_show_every_version_and_count_requests_by_the_version_that_answered(server):
+    model = MODELS[0]
+    for _ in range(3):
+        assert wire(server, "/versions/1", model=model) == answered(1)
+    with urllib.request.urlopen(server.http + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+
+    def samples(name: str) -> dict[str, float]:
+        prefix = name + "{"
+        return {line.split("{", 1)[1].rsplit("}", 1)[0]: float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines() if line.startswith(prefix) and f'model="{model}"' in line}
+
+    assert samples("sp_model_versions_served") == {f'model="{model}"': 2.0}
+    assert {k for k in samples("sp_model_served_version")} == {f'model="{model}",version="1"',
+                                                                f'model="{model}",version="2"'}
+    weights = {k: v for k, v in samples("sp_model_memory_bytes").items() if 'part="weights"' in k}
+    assert len(weights) == 2 and all(v > 0 for v in weights.values()), weights
+    by_version = {k: v for k, v in samples("sp_requests_total").items() if 'code="OK"' in k and 'api="predict"' in k}
+    assert any('version="1"' in k and v >= 3 for k, v in by_version.items()), by_version
