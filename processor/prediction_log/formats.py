@@ -12,6 +12,11 @@
   ``Infinity``, as TF Serving's REST API writes them) and, for a failed call, ``error``
   (``{"code": "INVALID_ARGUMENT", "message": ...}``) instead of ``outputs``.
 
+A shadow copy's record (processor/shadow.py: a copy run on another version, never answered to
+a client) says so: ``"shadow": true`` in JSON; in a PredictionLog, ``log_metadata.model_spec``
+has the version label ``shadow`` (the request's and response's model specs keep the version
+number: in a ModelSpec the two are one choice).
+
 Pure functions; thread-safe.
 """
 
@@ -67,7 +72,7 @@ def whole_tfrecords(data: bytes) -> int:
 def prediction_log(call: Resolved, sampling_rate: float) -> bytes:
     """The call as one TFRecord of a ``tensorflow.serving.PredictionLog``."""
     entry = _entry(call.model, call.version, call.signature_name, call.request_id, call.time_ns,
-                   sampling_rate)
+                   sampling_rate, call.shadow)
     predict = entry.predict_log
     request = predict.request
     for key, array in call.inputs.items():
@@ -75,7 +80,7 @@ def prediction_log(call: Resolved, sampling_rate: float) -> bytes:
     request.output_filter.extend(call.output_filter)
     if call.outputs is not None:
         response = predict.response
-        response.model_spec.CopyFrom(entry.log_metadata.model_spec)
+        response.model_spec.CopyFrom(request.model_spec)
         for key, array in call.outputs.items():
             _fill_tensor(response.outputs[key], array)
     if call.error is not None:
@@ -95,15 +100,16 @@ def prediction_log_pending(pending: Pending, sampling_rate: float) -> bytes:
         tail = transcode.predict_log_tail(pending.wire, result.outputs, signature.input_aliases)
         if tail is not None:
             entry = _entry(pending.model, version_number(result.version), signature.name,
-                           request_id(pending.request_id), pending.time_ns, sampling_rate)
-            entry.predict_log.response.model_spec.CopyFrom(entry.log_metadata.model_spec)
+                           request_id(pending.request_id), pending.time_ns, sampling_rate, pending.shadow)
+            entry.predict_log.response.model_spec.CopyFrom(entry.predict_log.request.model_spec)
             return tfrecord(entry.SerializeToString() + tail)
     return prediction_log(resolve(pending), sampling_rate)
 
 
 def _entry(model: str, version: int | None, signature_name: str, request_id: str, time_ns: int,
-           sampling_rate: float):
-    """A PredictionLog with its metadata and the request's model spec filled in."""
+           sampling_rate: float, shadow: bool = False):
+    """A PredictionLog with its metadata and the request's model spec filled in (``shadow``:
+    the metadata's spec labelled so, see the module doc)."""
     entry = PredictionLog()
     meta = entry.log_metadata
     spec = meta.model_spec
@@ -116,6 +122,8 @@ def _entry(model: str, version: int | None, signature_name: str, request_id: str
     meta.timestamp_micros = time_ns // 1000
     meta.request_id = request_id
     entry.predict_log.request.model_spec.CopyFrom(spec)
+    if shadow:
+        spec.version_label = "shadow"
     return entry
 
 
@@ -156,6 +164,8 @@ def jsonl(call: Resolved, sampling_rate: float) -> bytes:
         out["outputs"] = {key: _json_tensor(a) for key, a in call.outputs.items()}
     if call.error is not None:
         out["error"] = {"code": call.error.code.name, "message": call.error.message}
+    if call.shadow:
+        out["shadow"] = True
     return json.dumps(out, separators=(",", ":")).encode() + b"\n"
 
 

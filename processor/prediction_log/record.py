@@ -66,6 +66,7 @@ class Resolved(NamedTuple):
     output_filter: tuple[str, ...]
     outputs: dict[str, np.ndarray] | None  # None for a failed call
     error: ProcessorError | None
+    shadow: bool = False  # a shadow copy's call (processor/shadow.py)
 
 
 def resolve(pending: Pending) -> Resolved:
@@ -86,7 +87,7 @@ def resolve(pending: Pending) -> Resolved:
     error = as_processor_error(pending.error) if pending.error is not None else None
     return Resolved(pending.model, version_number(served) if served is not None else None,
                     signature.name if signature is not None else "", request_id(pending.request_id),
-                    pending.time_ns, inputs, output_filter, outputs, error)
+                    pending.time_ns, inputs, output_filter, outputs, error, pending.shadow)
 
 
 def _wire_inputs(data: bytes, signature) -> tuple[dict[str, np.ndarray], tuple[str, ...]]:

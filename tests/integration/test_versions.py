@@ -7,6 +7,8 @@ checkpoints of a run serve side by side; deltas reach the newest only, the older
 step it was loaded at.
 """
 
+import json
+
 import numpy as np
 import pytest
 
@@ -171,3 +173,54 @@ def test_a_95_5_split_of_100000_keyed_requests_and_one_arm_per_key(pristine, tmp
             assert len(arms) == 1
     finally:
         model.close()
+
+
+@pytest.mark.parametrize("form", ["jsonl", "prediction_log"])
+def test_shadow_copies_run_on_the_shadow_version_and_are_logged_as_shadow(pristine, tmp_path, form):
+    """100% shadow to the canary: every answer is the stable version's; each call's copy runs on
+    the canary, off the response path, and its prediction-log record says shadow."""
+    from processor.config import ModelConfig
+    from processor.dataplane import DataPlane
+    from processor.routing import RoutingSettings
+    from processor.served_model import ModelRegistry, ServedModel
+
+    base = tmp_path / "base"
+    for n in (1, 2):
+        copy_version(pristine, base, n)
+    logs = tmp_path / "logs"
+    routing = RoutingSettings(version_labels={"stable": 1, "canary": 2}, traffic={"stable": 100},
+                              shadow={"label": "canary", "fraction": 1.0, "max_queued": 1000})
+    config = toy_config(base, file_system_poll_wait_seconds=0,
+                        logging_config={"sampling_rate": 1.0, "path": str(logs), "format": form})
+    model = ServedModel.compose("toy", ModelConfig.from_dict(config), routing=routing)
+    model.start()
+    try:
+        plane = DataPlane(ModelRegistry([model]))
+        request = codec.encode_request(X1)
+        for _ in range(20):
+            result = plane.predict(PredictCall("toy", request))
+            assert result.version.number == 1 and codec.decode_response(result.outputs)["y"].item() == 2.0
+        assert plane.predict(PredictCall("toy", request, version=1)).version.number == 1  # named: no copy
+        assert sp_checks.wait_for(lambda: model.shadow.stats()["ran"] == 20, timeout=30), model.shadow.stats()
+        assert model.shadow.stats()["offered"] == 20
+    finally:
+        model.close()  # writes the queued records
+    if form == "jsonl":
+        data = b"".join(f.read_bytes() for f in sorted(logs.glob("*.jsonl")))
+        records = [json.loads(line) for line in data.splitlines()]
+        shadows = [r for r in records if r.get("shadow")]
+        primaries = [r for r in records if not r.get("shadow")]
+        assert {r["version"] for r in shadows} == {2} and {r["version"] for r in primaries} == {1}
+        assert all(r["outputs"]["y"]["values"] == [[3.0]] for r in shadows)
+    else:
+        import tensorflow as tf
+        from tensorflow_serving.apis import prediction_log_pb2  # the official messages read them
+
+        files = sorted(str(p) for p in logs.glob("*.tfrecord"))
+        entries = [prediction_log_pb2.PredictionLog.FromString(raw.numpy())
+                   for raw in tf.data.TFRecordDataset(files)]
+        shadows = [e for e in entries if e.log_metadata.model_spec.version_label == "shadow"]
+        primaries = [e for e in entries if e.log_metadata.model_spec.version_label != "shadow"]
+        assert {e.predict_log.response.model_spec.version.value for e in shadows} == {2}
+        assert {e.log_metadata.model_spec.version.value for e in primaries} == {1}
+    assert (len(shadows), len(primaries)) == (20, 21)
