@@ -378,9 +378,11 @@ class RequestTrack:
             version = note[0].label
         else:
             version = rt.version_label(model) if known else "none"
+        # the access log names the traffic arm that chose the version too: "2/canary"
+        logged = version if note is None or note[1] is None else f"{version}/{note[1]}"
         if exc is None:
             metrics.request(label, version, self.protocol, self.api, "OK").observe(seconds)
-            rt.access_log.ok(self.protocol, self.api, model, version, seconds, request_id_var.get())
+            rt.access_log.ok(self.protocol, self.api, model, logged, seconds, request_id_var.get())
             return
         if not isinstance(exc, Exception):  # cancelled, exiting: nothing to count
             return
@@ -388,7 +390,7 @@ class RequestTrack:
         code = err.code.name
         metrics.request(label, version, self.protocol, self.api, code).observe(seconds)
         # a client's model name cut as error messages cut it
-        AccessLog.error(self.protocol, self.api, cut(model), label, version, code, err.message, seconds,
+        AccessLog.error(self.protocol, self.api, cut(model), label, logged, code, err.message, seconds,
                         request_id_var.get())
 
 

@@ -204,6 +204,9 @@ def test_routing_admin_splits_the_traffic(server, routing_reset):
         for call in (wire, tfs, v2):
             assert call(server, key="someone", way=way) == answered(1)
         assert v2(server, way=way, binary=True) == answered(1)  # a prepared form meets the split too
+    # a failed request's access-log line (always written) names the version and the arm
+    assert post(server, "/api/predict/m", b"\xff not a request", _headers("application/x-protobuf", None))[0] == 400
+    assert wait_for(lambda: '"version": "1/stable"' in server.log(), 10), server.log()[-1500:]
 
     status, body = admin(server, "PUT", {"version_labels": {"stable": 1, "canary": 7}})
     assert status == 400 and "version 7" in body["error"], body
