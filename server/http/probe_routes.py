@@ -1,5 +1,6 @@
 """Probes and metrics: ``/healthz`` and ``/v2/health/live`` (liveness), ``/readyz`` and
-``/v2/health/ready`` (every model loaded and warm, not draining), ``/v2/models/{name}/ready``;
+``/v2/health/ready`` (every model loaded and warm, not draining; the versions each serves),
+``/v2/models/{name}/ready``;
 Prometheus at ``/metrics`` and TF Serving's ``/monitoring/prometheus/metrics``; ``/`` names
 the service and its models."""
 
@@ -30,7 +31,8 @@ def register(app: FastAPI, rt: ServingRuntime) -> None:
     @app.get("/v2/health/ready", tags=["health"], summary="Readiness (KServe v2 path)")
     async def ready() -> JSONResponse:
         states, readiness = rt.states(), rt.readiness()
-        body: dict[str, Any] = {"ready": rt.ready, "draining": rt.gate.draining, "models": states}
+        body: dict[str, Any] = {"ready": rt.ready, "draining": rt.gate.draining, "models": states,
+                                "versions": {m.name: [v.number for v in m.served_versions()] for m in rt.models}}
         if not body["ready"]:
             waiting = [f"{n}: {s}" for n, s in states.items() if not readiness[n]]
             body["error"] = ("server is shutting down" if rt.gate.draining

@@ -264,6 +264,8 @@ def test_metrics_show_every_version_and_count_requests_by_the_version_that_answe
                 for line in text.splitlines() if line.startswith(prefix) and f'model="{model}"' in line}
 
     assert samples("sp_model_versions_served") == {f'model="{model}"': 2.0}
+    with urllib.request.urlopen(server.http + "/readyz", timeout=10) as resp:
+        assert json.loads(resp.read())["versions"] == {"m": [1, 2], "o": [1, 2]}
     assert {k for k in samples("sp_model_served_version")} == {f'model="{model}",version="1"',
                                                                 f'model="{model}",version="2"'}
     weights = {k: v for k, v in samples("sp_model_memory_bytes").items() if 'part="weights"' in k}
