@@ -63,8 +63,9 @@ from .request import (PredictCall, PredictResult, PreparedCall, Served, answer_n
                       version_number, wire_call, wire_result)
 from .routing import VersionRouter
 from .served_model import ModelRegistry
+from .batching.batched_call import BatchedCall
 from .tracing import TraceRecorder
-from .tracing.tracer import now_us
+from .tracing.tracer import UNTIMED, now_us
 
 log = logging.getLogger(__name__)
 
@@ -284,16 +285,7 @@ class DataPlane:
             router = self._routers.get(call.model)
             if router is None:
                 self._gone(call.model)
-        if call.label is not None:
-            return router.resolve(call.version, call.label)
-        if call.version is None and router.routing.arms:
-            chosen = router.choose(call.routing_key)
-            if chosen is not None:
-                note = answer_note_var.get()
-                if note is not None:
-                    note[1] = chosen[1]
-                return chosen[0]
-        return call.version
+        return router.route(call)
 
     def _gone(self, model: str) -> None:
         """Raise for a call to ``model``, which this DataPlane does not serve: NotFound naming the
@@ -303,17 +295,11 @@ class DataPlane:
         raise Unavailable(f"model {model!r} is being reloaded; try again")
 
     def _shadow(self, router: VersionRouter, call: PredictCall, result: PredictResult) -> None:
-        """Offer a copy of ``call`` to its model's shadow version when the call named no version
-        and another version answered it (never raising: the primary has its answer)."""
-        routing = router.routing
-        number = routing.shadow
-        if call.version is not None or call.label is not None or number is None or result.introspection:
-            return
+        """Let the model's ShadowRunner consider a copy of the answered ``call`` (never raising:
+        the primary has its answer)."""
         manager = self._managers.get(call.model)
-        if version_number(result.version) == number or manager is None or not manager.serves(number):
-            return
-        shadow = routing.settings.shadow
-        self._shadows[call.model].offer(call, number, shadow.fraction, shadow.max_queued)
+        if manager is not None and not result.introspection:
+            self._shadows[call.model].consider(router.routing, call, version_number(result.version), manager.serves)
 
     def _run_shadow(self, call: PredictCall) -> PredictResult:
         """A shadow copy (its ``version`` set), run as :meth:`predict` runs a call; a sampled
@@ -424,7 +410,7 @@ class DataPlane:
         batching = self._batching.get(call.model)
         if wire and rec is None:
             return PredictResult(batching.serve(group, inputs, call.deadline), group.version, signature)
-        stage = rec.stage if rec is not None else _untimed
+        stage = rec.stage if rec is not None else UNTIMED
         with stage("parse"):
             if wire:
                 parsed = codec.parse_request(inputs)
@@ -468,7 +454,7 @@ class DataPlane:
             logger = self._loggers.get(name)
             if logger is not None:
                 for data, result in zip(requests, results):
-                    _log_answered(logger, name, data, group, result)
+                    logger.log_answered(name, data, group, result)
             return results
         finally:
             handle.release()
@@ -515,20 +501,6 @@ class DataPlane:
         return recorder
 
 
-def _log_answered(logger: PredictionLogger, name: str, data: bytes | memoryview, group,
-                  result: bytes | ProcessorError) -> None:
-    """Log one answered request of :meth:`DataPlane.predict_many`'s merged path, if sampled."""
-    pending = logger.begin(PredictCall(name, data))
-    if pending is None:
-        return
-    pending.group = group
-    if isinstance(result, ProcessorError):
-        pending.error = result
-    else:
-        pending.result = PredictResult(result, group.version, group.signature)
-    logger.submit(pending)
-
-
 def _note(version) -> None:
     """Tell the edge's note (``answer_note_var``), if it set one, which version answered."""
     note = answer_note_var.get()
@@ -563,50 +535,3 @@ def _run(group, decoded: codec.DecodedRequest, batching: ModelBatching | None = 
     else:
         arrays = group.run(decoded.feeds, aliases)
     return {key: array for (key, _), array in zip(decoded.fetches, arrays)}
-
-
-class _Untimed:
-    """``TraceRecorder.stage``'s stand-in for an untraced call: a context that does nothing (a
-    generator-based one costs a few microseconds a request, on every array request's path)."""
-
-    __slots__ = ()
-
-    def __call__(self, name: str) -> _Untimed:
-        return self
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc) -> None:
-        return None
-
-
-_untimed = _Untimed()
-
-
-class BatchedCall:
-    """A call :meth:`DataPlane.queue_batched` queued: it holds the served version (its handle)
-    and the group's gate until :meth:`result` or :meth:`release`, exactly once (see
-    ``processor.batching.model_batching.QueuedCall``). Used by one event loop."""
-
-    __slots__ = ("_handle", "_group", "_queued", "ticket")
-
-    def __init__(self, handle, group, queued) -> None:
-        self._handle = handle
-        self._group = group
-        self._queued = queued
-        self.ticket = queued.ticket
-
-    def result(self) -> PredictResult | None:
-        """The call's result once ``ticket.done``; None: the queue handed it back (run
-        :meth:`DataPlane.predict` on a thread). Raises the refusal (expired)."""
-        try:
-            out = self._queued.answer()
-        finally:
-            self._handle.release()
-        return None if out is None else PredictResult(out, self._group.version, self._group.signature)
-
-    def release(self) -> None:
-        """For a caller that stopped waiting: release what the call holds (once ``ticket.done``)."""
-        self._queued.release()
-        self._handle.release()

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .echo import shorten
 from .errors import InvalidArgument
-from .request import requested_version
+from .request import answer_note_var, requested_version
 
 LABEL_PATTERN = r"^[A-Za-z0-9_]+$"  # TF Serving's label grammar
 _ARM_PATTERN = r"^([A-Za-z0-9_]+)$"
@@ -155,6 +155,21 @@ class VersionRouter:
         if label is None:
             return version
         return requested_version(self.model, version, label, self.routing.settings.version_labels)
+
+    def route(self, call) -> int | None:
+        """The version number a :class:`~processor.request.PredictCall` runs on: the one it names,
+        its label's, else its traffic arm's (the arm written into the edge's ``answer_note_var``
+        note, when it set one); None: the default."""
+        if call.label is not None:
+            return self.resolve(call.version, call.label)
+        if call.version is None and self.routing.arms:
+            chosen = self.choose(call.routing_key)
+            if chosen is not None:
+                note = answer_note_var.get()
+                if note is not None:
+                    note[1] = chosen[1]
+                return chosen[0]
+        return call.version
 
     def choose(self, routing_key: str | None) -> tuple[int, str] | None:
         """The traffic arm (version number, arm name) of a call that names no version; None: no

@@ -52,6 +52,18 @@ class ShadowRunner:
         self.counts = {"offered": 0, "ran": 0, "failed": 0, "dropped": 0, "shed": 0}
         self.run_seconds = 0.0
 
+    def consider(self, routing, call: PredictCall, answered: int, serves: Callable[[int], bool]) -> bool:
+        """Offer a copy of ``call``, answered by version ``answered``, when its model's ``routing``
+        (a :class:`~processor.routing.Routing`) has a shadow, the call named no version, another
+        version answered it and the shadow's version is served (``serves``); never raises."""
+        number = routing.shadow
+        if number is None or call.version is not None or call.label is not None or answered == number:
+            return False
+        if not serves(number):
+            return False
+        shadow = routing.settings.shadow
+        return self.offer(call, number, shadow.fraction, shadow.max_queued)
+
     def offer(self, call: PredictCall, number: int, fraction: float, max_queued: int) -> bool:
         """Queue a copy of ``call`` for version ``number`` with probability ``fraction``; False
         when not drawn, dropped (``max_queued`` copies wait already) or closed. Never blocks."""

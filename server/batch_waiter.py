@@ -19,7 +19,7 @@ import asyncio
 import logging
 import os
 
-from processor.dataplane import BatchedCall
+from processor.batching.batched_call import BatchedCall
 from processor.request import PredictResult
 
 log = logging.getLogger("server")

@@ -30,9 +30,9 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ProcessorError
 from ..redaction import redact_url
-from ..request import request_id_var
+from ..request import PredictCall, PredictResult, request_id_var
 from .files import LogFiles, Uploader
 from .formats import FORMATS
 from .record import Pending
@@ -119,6 +119,20 @@ class PredictionLogger:
             return
         with self._lock:
             self.stats["dropped_closed" if self._closing else "dropped_queue_full"] += 1
+
+    def log_answered(self, name: str, data, group, result) -> None:
+        """Log one request answered on a merged path (``DataPlane.predict_many``), if sampled:
+        its wire ``data``, the ``group`` that served it, and its response bytes or its
+        ProcessorError ``result``. Never blocks, never raises."""
+        pending = self.begin(PredictCall(name, data))
+        if pending is None:
+            return
+        pending.group = group
+        if isinstance(result, ProcessorError):
+            pending.error = result
+        else:
+            pending.result = PredictResult(result, group.version, group.signature)
+        self.submit(pending)
 
     # --- reporting, flush, close ------------------------------------------------------------
 

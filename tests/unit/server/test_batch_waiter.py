@@ -1,6 +1,6 @@
 """BatchWaiter: batched calls awaited on an event loop through an eventfd (server/batch_waiter.py).
 
-Fake calls stand for ``processor.dataplane.BatchedCall``; the test plays the batch thread: it
+Fake calls stand for ``processor.batching.batched_call.BatchedCall``; the test plays the batch thread: it
 marks a ticket done and adds 1 to the waiter's eventfd, as ``native/src/batcher.cc`` does.
 """
 
