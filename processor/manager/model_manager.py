@@ -322,12 +322,7 @@ class ModelManager:
         with self._lock:
             version = served_versions(self.store, self.config.savedmodel_dir, self.config.checkpoint_dir,
                                       pin_step=step, delta_mode=self.config.delta_mode)[-1]
-            if version != self.served_version() or len(self._handles) > 1:
-                handle = self._handles.get(version.number)
-                if handle is None or handle.group.version != version:
-                    self.load(version, pinned=True)
-                else:
-                    self._retire_except({version.number})
+            self._serve_exactly([version], pinned=True)
             self._pinned, self._pin_reason = version, f"pin({step})"
             return version
 
@@ -338,12 +333,17 @@ class ModelManager:
             self._pinned_step = None
             self._pin_reason = None
             targets = self.discover_all()
-            for target in reversed(targets):
-                handle = self._handles.get(target.number)
-                if handle is None or handle.group.version != target:
-                    self.load(target)
-            self._retire_except({t.number for t in targets})
+            self._serve_exactly(targets)
             return targets[-1]
+
+    def _serve_exactly(self, targets: list[ModelVersion], pinned: bool = False) -> None:
+        """Serve ``targets`` and nothing else: each not served as it is loads (newest first; a
+        failure raises, and what serves keeps serving), then the other versions retire."""
+        for target in reversed(targets):
+            handle = self._handles.get(target.number)
+            if handle is None or handle.group.version != target:
+                self.load(target, pinned)
+        self._retire_except({t.number for t in targets})
 
     def close(self) -> None:
         """Stop watching and serving; the group is freed once in-flight requests end."""
