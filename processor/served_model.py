@@ -140,8 +140,7 @@ class ServedModel:
         whole, and with ``require_served`` against the served versions; InvalidArgument and
         nothing changed otherwise); returns the routing now."""
         self.router.update(changes, require_served)
-        log.info("model %s: routing now %s", self.name, self.router.describe())
-        return self.router.describe()
+        return self.router.describe()  # logged by the caller (the admin action, the reload report)
 
     @property
     def ready(self) -> bool:
