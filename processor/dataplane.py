@@ -194,7 +194,7 @@ class DataPlane:
         version = self._version(call)
 
         def check(group):
-            served = check_call(model, group, None, call.signature_name) if call.signature_name else group
+            served = check_call(group, call.signature_name) if call.signature_name else group
             return group, served, codec.decode_arrays(inputs, call.output_filter, served.signature, call.check_shapes)
         group, served, decoded = _on_served(manager, check, version)
         feeds = decoded.feeds
@@ -262,7 +262,7 @@ class DataPlane:
             group = handle.group
             _note(group.version)
             if call.signature_name:
-                group = check_call(model, group, None, call.signature_name)
+                group = check_call(group, call.signature_name)
             queued = batching.queue(group, inputs, call.deadline, notify_fd)
         except ProcessorError:
             handle.release()
@@ -385,7 +385,7 @@ class DataPlane:
             if note is not None:
                 note[0] = group.version
             if call.signature_name:
-                group = check_call(call.model, group, None, call.signature_name)
+                group = check_call(group, call.signature_name)
             inputs = call.inputs
             if rec is None and inputs.__class__ in _WIRE and inputs and call.model not in self._batching:
                 return wire_result(group.serve(inputs), group.version, group.signature)
@@ -469,7 +469,7 @@ class DataPlane:
         handle = model.manager.acquire_handle(version)
         try:
             _note(handle.group.version)
-            return [self._answer(call, check_call(call.model, handle.group, None, name), None)
+            return [self._answer(call, check_call(handle.group, name), None)
                     for name in signature_names]
         except ProcessorError:
             raise

@@ -173,9 +173,14 @@ def check_served(name: str, served, wanted: int | None) -> int:
     """The served version's number; NOT_FOUND when ``wanted`` is another one."""
     number = version_number(served)
     if wanted is not None and wanted != number:
-        raise NotFound(f"Servable not found for request: Specific({cut(name)}, {wanted}); "
-                       f"serving version {number}")
+        raise not_served(name, wanted, f"version {number}")
     return number
+
+
+def not_served(name: str, wanted: int, serving: str) -> NotFound:
+    """TF Serving's NOT_FOUND for version ``wanted`` of model ``name``, which is not served;
+    ``serving``: what is (``"versions [1, 2]"``)."""
+    return NotFound(f"Servable not found for request: Specific({cut(name)}, {wanted}); serving {serving}")
 
 
 def served_signature(requested: str, signatures: Mapping[str, Signature]) -> Signature:
@@ -188,11 +193,9 @@ def served_signature(requested: str, signatures: Mapping[str, Signature]) -> Sig
     return found
 
 
-def check_call(model: str, group, version: int | None, signature_name: str):
-    """The version and signature name a call asks for, against the group that will run it: the
+def check_call(group, signature_name: str):
+    """The signature name a call asks for, against the group (the version) that will run it: the
     group serving that signature (:meth:`~processor.engine.session_group.SessionGroup.for_signature`)."""
-    if version is not None:
-        check_served(model, group.version, version)
     return group.for_signature(signature_name) if signature_name else group
 
 

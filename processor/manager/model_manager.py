@@ -52,7 +52,7 @@ from ..config import ModelConfig
 from ..engine.session_group import SessionGroup
 from ..features import FeatureStore, open_feature_store
 from ..errors import NotFound, ProcessorError, Unavailable
-from ..echo import cut
+from ..request import not_served
 from ..store.checkpoint_layout import served_versions
 from ..store.model_store import ModelStore
 from ..store.model_version import ModelVersion
@@ -371,8 +371,7 @@ class ModelManager:
             handle = self._current if number is None else self._handles.get(number)
             if handle is None:
                 if number is not None and self._current is not None:
-                    raise NotFound(f"Servable not found for request: Specific({cut(self.name)}, {number}); "
-                                   f"serving versions {sorted(self._handles)}")
+                    raise not_served(self.name, number, f"versions {sorted(self._handles)}")
                 raise Unavailable(self._not_ready_message())
             if handle.acquire():
                 return handle  # else it was retired between the read and the acquire: read again
