@@ -2,7 +2,8 @@
 
 ``model.export()`` serves on both backends, equal to Keras's own answer; ``tf.saved_model.save``
 of the same model (whose signature reads variables nothing restores) is refused on both with a
-ConfigError naming the fix, never an internal error.
+ConfigError naming the fix, never an internal error. ``Hashing`` of int64 id columns ([N, k])
+serves on both too (issue 48 item 5).
 """
 
 import json
@@ -46,6 +47,23 @@ def test_keras3_export_of_a_hashing_dcn_serves_equal_to_keras(keras_export, make
         assert model["check"]["status"] == "passed", model["check"]
         # the unrestored twin handles are no parameter of the model
         assert not any(name.endswith("/embeddings") for name in model["variables_not_updatable"])
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "onnxruntime"])
+def test_keras3_export_hashing_int64_id_columns_serves_equal_to_keras(tmp_path, make_processor, backend):
+    """Issue 48 item 5: ``Hashing`` of int64 ids shaped [N, k] (an id history, an ``Input(shape=(1,))``)
+    converts for ONNX Runtime and buckets every id as TensorFlow does, whatever its length or sign."""
+    from models.zoo_more import INT_HASHING_FEEDS, build_keras3_int_hashing
+
+    base, want = build_keras3_int_hashing(tmp_path / "int_hashing")
+    p = make_processor(_config(base, backend))
+    status, body = p.process(codec.encode_request(INT_HASHING_FEEDS))
+    assert status == 200, body
+    # output_1, the buckets themselves, compares exactly
+    assert_outputs_close(codec.decode_response(body), want, backend, atol=1e-5 if backend == "onnxruntime" else 1e-6)
+    if backend == "onnxruntime":
+        model = p.model_info()["session_group"]["model"]
+        assert model["check"]["status"] == "passed", model["check"]
 
 
 @pytest.mark.parametrize("backend", ["tensorflow", "onnxruntime"])

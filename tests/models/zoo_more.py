@@ -11,6 +11,11 @@
   (no lookup tables), written the two ways Keras 3 users do: ``model.export()`` (its graph holds
   a second, unrestored handle per variable) or ``tf.saved_model.save(model)`` (its signature
   reads handles nothing restores); TF Serving's layout, version 1; with the model's own answer.
+* :func:`build_keras3_int_hashing`: a Keras 3 model hashing int64 item ids held as Keras users
+  hold them, in columns: ``item_ids`` int64 [None, 4] (a history, averaged) and ``last_item``
+  int64 [None, 1] through ``Hashing`` + ``Embedding`` into one ``Dense``; ``model.export()``,
+  TF Serving's layout, version 1; with the model's own answers (``output_0`` the score,
+  ``output_1`` the history's buckets).
 * :func:`build_tf1_vocab_table`: a TF1 graph with a ``StaticHashTable`` vocabulary (string -> id,
   unknown words -> the last row) and an embedding variable; input ``word`` string [None], outputs ``id`` int64 [None]
   and ``score`` float32 [None, 1]. Exported with ``SavedModelBuilder`` and
@@ -119,6 +124,33 @@ def build_keras3_hashing_dcn(out_dir: Path, saved_with: str) -> tuple[Path, dict
     else:
         tf.saved_model.save(model, str(base / "1"))
     return base, {"output_0": np.asarray(model(HASHING_DCN_FEEDS))}
+
+
+# ids whose decimal text has every length from 1 to 20 (farmhash's branches), both signs, the extremes
+INT_HASHING_FEEDS = {
+    "item_ids": np.array([[3, 99, -5, 2**40], [0, -1, 2**63 - 1, -2**63], [10**18, -10**17, 123456789, -42],
+                          [7, 7, 7, 7], [10**k for k in range(15, 19)]], np.int64),
+    "last_item": np.array([[9], [-9], [10**12], [-(10**13)], [2**62]], np.int64)}
+
+
+def build_keras3_int_hashing(out_dir: Path) -> tuple[Path, dict[str, np.ndarray]]:
+    """The model in ``out_dir/1`` and what Keras itself answers for :data:`INT_HASHING_FEEDS`."""
+    import keras
+
+    history = keras.Input(shape=(4,), dtype="int64", name="item_ids")
+    last = keras.Input(shape=(1,), dtype="int64", name="last_item")
+    buckets = keras.layers.Hashing(num_bins=1009, name="history_hash")(history)
+    eh = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(1009, 4, name="history_emb")(buckets))
+    el = keras.layers.Flatten()(keras.layers.Embedding(13, 4, name="last_emb")(
+        keras.layers.Hashing(num_bins=13, name="last_hash")(last)))
+    score = keras.layers.Dense(1, name="score")(keras.layers.Concatenate()([eh, el]))
+    model = keras.Model({"item_ids": history, "last_item": last}, [score, buckets])
+    for k, weight in enumerate(model.weights):
+        weight.assign(_rand(400 + k, tuple(weight.shape)))
+    base = Path(out_dir)
+    model.export(str(base / "1"))
+    answers = model(INT_HASHING_FEEDS)
+    return base, {f"output_{k}": np.asarray(answer) for k, answer in enumerate(answers)}
 
 
 def _tf1_vocab_graph(seed: int):

@@ -255,7 +255,17 @@ def integer_fingerprint(b: _Builder, ids: str) -> str:
 
     That is ``tf.strings.to_hash_bucket_fast(tf.strings.as_string(ids), n)`` before the ``mod n``
     (farmhash ``na::Hash64`` for lengths 1 to 20, each branch computed and the right one picked).
+    ``ids`` may have any shape (Keras ``Input(shape=(1,))`` or id sequences give [N, k]); the
+    result has the same shape.
     """
+    # the hash lays each id's digits along a new last axis and works on [N, 20] tensors: it runs
+    # on the ids flattened to one vector, and its answer takes their shape back
+    flat = b.op("Reshape", ids, b.const([-1], np.int64))
+    return b.op("Reshape", _vector_fingerprint(b, flat), b.op("Shape", ids))
+
+
+def _vector_fingerprint(b: _Builder, ids: str) -> str:
+    """:func:`integer_fingerprint` of an int64 vector ``ids`` [N]."""
     from onnx import TensorProto
 
     i64 = lambda v: b.const(v, np.int64)  # noqa: E731
