@@ -13,6 +13,8 @@
   named inputs, an optional signature name; ``native/src/tfs_scan.h``) read straight into
   numbers per input, no Python object per value; :func:`server.http.tfs_json.decode_scan`
   makes its arrays as the reference decodes the parsed body.
+* :func:`depth`: how deeply a JSON text nests arrays and objects
+  (:func:`server.http.json_stream.nesting_depth` is the reference).
 
 Without the extension each always answers None. Pure functions; thread-safe.
 """
@@ -28,6 +30,7 @@ from processor.native import MODULE
 _array = MODULE.json_array if MODULE is not None else None
 _numbers = MODULE.json_numbers if MODULE is not None else None
 _scan_tfs = MODULE.scan_tfs if MODULE is not None else None
+_depth = MODULE.json_depth if MODULE is not None else None
 
 
 def array(value: Any, dtype: np.dtype, count: int = -1) -> np.ndarray | None:
@@ -48,3 +51,9 @@ def scan_tfs(body: bytes | bytearray) -> Any:
     ``names`` ("" for bare values), ``arrays(type_nums)`` or None); None: parse it with the
     reference."""
     return _scan_tfs(body) if _scan_tfs is not None else None
+
+
+def depth(body: bytes | bytearray, limit: int) -> int | None:
+    """How deeply ``body`` nests arrays and objects outside strings, counted up to ``limit + 1``;
+    None: no extension."""
+    return _depth(body, limit) if _depth is not None else None

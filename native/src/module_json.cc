@@ -6,6 +6,8 @@
 //   json_numbers(array)        a numeric numpy array -> the JSON text of array.tolist(), or None
 //   scan_tfs(body) -> TfsScan  a TF Serving REST predict body read into numbers per input
 //                              (tfs_scan.h), or None; TfsScan.arrays(type_nums) its arrays, or None
+//   json_depth(body, limit)    how deeply body nests arrays and objects, counted up to
+//                              limit + 1 (json_depth.h)
 //
 // As for the codec (module.cc), None means "not taken": the caller runs the Python reference
 // (server/http/tfs_json_values.py, server/open_inference.py, orjson), which gives the result or
@@ -31,6 +33,7 @@
 #include <vector>
 
 #include "gil.h"
+#include "json_depth.h"
 #include "json_numbers.h"
 #include "json_values.h"
 #include "tfs_scan.h"
@@ -156,6 +159,14 @@ nb::object scan_tfs(nb::handle body) {
   return nb::cast(out.release(), nb::rv_policy::take_ownership);
 }
 
+size_t json_depth(nb::handle body, size_t limit) {
+  Py_buffer view;
+  if (PyObject_GetBuffer(body.ptr(), &view, PyBUF_SIMPLE) != 0) throw nb::python_error();
+  std::unique_ptr<Py_buffer, void (*)(Py_buffer*)> guard(&view, PyBuffer_Release);
+  MaybeRelease nogil(size_t(view.len) >= kReleaseBytes);  // the request's own buffer, which nothing writes to
+  return sp::json::nesting_depth(static_cast<const char*>(view.buf), size_t(view.len), limit);
+}
+
 nb::list scan_names(const PyTfsScan& self) {
   nb::list names;
   for (const auto& in : self.scan.inputs) names.append(nb::str(in.name.data(), in.name.size()));
@@ -271,6 +282,9 @@ void bind_json(nb::module_& m) {
   m.def("scan_tfs", &scan_tfs, nb::arg("body"),
         "A TF Serving REST predict body read straight into numbers per input (native/src/tfs_scan.h), "
         "or None where the Python reference must parse it.");
+  m.def("json_depth", &json_depth, nb::arg("body"), nb::arg("limit"),
+        "How deeply the JSON text body nests arrays and objects (outside strings), counted up to "
+        "limit + 1 (native/src/json_depth.h).");
   m.def("json_numbers", &json_numbers, nb::arg("array"),
         "The JSON text of array.tolist() for a numeric array (orjson's layout), or None.");
 }

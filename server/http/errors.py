@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
@@ -20,6 +21,7 @@ from starlette.routing import Match
 from processor.errors import InvalidArgument, ProcessorError
 
 from ..runtime import ServingRuntime
+from .json_stream import check_depth
 from .predict import EAS_PREFIX, PREDICT_PATH, as_response, error_reply, tracked
 
 
@@ -58,9 +60,28 @@ STATUS_ERRORS = _errors(400, 404, 503)
 ADMIN_ERRORS = _errors(400, 401, 403, 404, 500, 503)
 
 
+class JsonDepthRoute(APIRoute):
+    """A FastAPI route whose request body, where it takes one, is held to the one JSON nesting
+    limit (:func:`~server.http.json_stream.check_depth`: 400) before FastAPI parses it, whose
+    ``json.loads`` allows ~1,000 levels. The body read here is the one the route's handler
+    reads (Starlette keeps it on the request)."""
+
+    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+        handler = super().get_route_handler()
+        if self.body_field is None:
+            return handler
+
+        async def checked(request: Request) -> Response:
+            check_depth(await request.body())
+            return await handler(request)
+        return checked
+
+
 def install(app: FastAPI) -> None:
     """Answer the errors raised outside handlers (routing, validation) as ours; patch the OpenAPI
-    document to say so."""
+    document to say so; hold every route's JSON body to the nesting limit (:class:`JsonDepthRoute`:
+    install before any route is added)."""
+    app.router.route_class = JsonDepthRoute
 
     @app.exception_handler(ProcessorError)
     async def _processor_error(_: Request, exc: ProcessorError) -> Response:

@@ -13,6 +13,10 @@ strict parser; a document this module accepts is valid JSON, whatever the scan c
 wrong split only makes a run fail to parse). Nesting deeper than ``max_depth`` is refused before
 anything is parsed.
 
+One nesting limit holds for every JSON body on every route, :data:`MAX_DEPTH` levels of arrays
+and objects inside each other: a large body's :class:`Document` checks it as it indexes, and a
+body parsed whole is checked first (:func:`check_depth`): the parsers themselves allow ~1,000.
+
 Every problem raises :class:`~processor.errors.InvalidArgument` with a bounded message. Pure
 functions over an immutable buffer; thread-safe.
 """
@@ -20,6 +24,7 @@ functions over an immutable buffer; thread-safe.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +33,9 @@ import numpy as np
 
 from processor.errors import InvalidArgument
 
+from .. import native_json
+
+MAX_DEPTH = 64  # arrays and objects inside each other: numpy's most dimensions (a rank-60 tensor fits)
 CHUNK = 256 * 1024  # bytes of JSON text parsed at once when a value is split into runs
 BLOCK = 1 << 20  # bytes scanned per numpy step
 
@@ -87,6 +95,46 @@ def slow_loads(text: bytes | bytearray | memoryview, offset: int = 0) -> Any:
         raise InvalidArgument("JSON Parse error: the document is nested too deeply") from None
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
         raise parse_error(exc, offset) from None
+
+
+def too_deep(max_depth: int) -> InvalidArgument:
+    return InvalidArgument(f"JSON Parse error: nesting deeper than {max_depth} levels (arrays and "
+                           f"objects inside each other)")
+
+
+def check_depth(body: bytes | bytearray, max_depth: int = MAX_DEPTH) -> None:
+    """InvalidArgument when ``body`` nests arrays and objects more than ``max_depth`` levels deep
+    (see the module doc), whatever else is wrong with it. Only a body with more brackets than
+    that can be too deep: for any other this costs two counts."""
+    if body.count(b"[") + body.count(b"{") <= max_depth:
+        return
+    depth = native_json.depth(body, max_depth)
+    if depth is None:
+        depth = nesting_depth(body, max_depth)
+    if depth > max_depth:
+        raise too_deep(max_depth)
+
+
+# a string (to its closing quote, or the end of an unclosed one), or a bracket
+_NESTING_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"?|[\[\]{}]', re.S)
+
+
+def nesting_depth(text: bytes | bytearray, limit: int) -> int:
+    """The deepest nesting of arrays and objects in ``text`` (brackets in strings do not count),
+    counted up to ``limit + 1``; invalid JSON is counted as it comes (a stray closing bracket
+    never takes the level below 0). The reference ``native_json.depth`` is tested against."""
+    level = deepest = 0
+    for token in _NESTING_TOKENS.finditer(text):
+        c = token.group()[0]
+        if c in b"[{":
+            level += 1
+            if level > deepest:
+                deepest = level
+                if deepest > limit:
+                    break
+        elif c in b"]}" and level:
+            level -= 1
+    return deepest
 
 
 try:  # the server extra has orjson
@@ -239,8 +287,7 @@ class Document:
                 idx, code, levels = idx[:cut], code[:cut], levels[:cut]
             if levels.size:
                 if int(levels.max()) > limit:
-                    raise InvalidArgument(f"JSON Parse error: nesting deeper than {self.max_depth} "
-                                          f"levels (arrays and objects inside each other)")
+                    raise too_deep(self.max_depth)
                 level = int(levels[-1])
                 top = levels == 1
                 found = pos + idx[top & (code == _COMMA)]

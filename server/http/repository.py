@@ -30,6 +30,7 @@ from .. import repository
 from ..runtime import ServingRuntime
 from .admin import AdminGate, guarded
 from .errors import ADMIN_ERRORS
+from .json_stream import check_depth
 
 
 def register(app: FastAPI, rt: ServingRuntime) -> None:
@@ -73,6 +74,7 @@ def _body(data: bytes) -> dict[str, Any]:
     """A request's JSON object; an empty body is ``{}``."""
     if not data.strip():
         return {}
+    check_depth(data)
     doc = parse_json(data, "request body")  # ConfigError (400) saying what is wrong
     if not isinstance(doc, dict):
         raise InvalidArgument(f"request body: expected a JSON object, got {type(doc).__name__}")

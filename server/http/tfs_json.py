@@ -35,11 +35,11 @@ from processor import dtypes
 from processor.errors import InvalidArgument
 from processor.signature import Signature
 
-from .json_stream import Document, slow_loads
+from .json_stream import MAX_DEPTH, Document, check_depth, slow_loads
 from .tfs_json_inputs import (COLUMNAR, DEFAULT_MAX_ELEMENTS, MAX_MEMBERS, ROW, Limits, Request, count_elements,
                               different_inputs, input_spec, last_of_each, only_input)
 from .tfs_json_runs import RunDecoder
-from .tfs_json_values import MAX_DEPTH, is_b64, to_array
+from .tfs_json_values import is_b64, to_array
 
 # the formats, limits and top level are tfs_json_inputs'; this module is where callers find them
 __all__ = ["COLUMNAR", "DEFAULT_MAX_ELEMENTS", "ROW", "SMALL_BODY", "Limits", "Request", "decode_predict",
@@ -111,13 +111,10 @@ def parse_body(body: bytes | bytearray, max_depth: int = MAX_DEPTH) -> dict[str,
     """A whole (small) body as a Python object; InvalidArgument for anything but a JSON object."""
     if not body:
         raise InvalidArgument("JSON Parse error: The document is empty")
+    check_depth(body, max_depth)  # orjson allows 1,024 levels, the json module ~1,000
     try:
-        doc = _fast_loads(body)  # orjson: nesting up to 1024 levels, numpy refuses arrays over 64
-    except ValueError:  # NaN / Infinity, lone surrogates, errors: the json module, depth first
-        if body.count(b"[") + body.count(b"{") > max_depth:  # only then can it be too deep
-            document = Document(body, max_depth)
-            root = document.root()
-            document._index(root.lo, root.hi, 0, 0, 0, None)  # raises when nested too deeply
+        doc = _fast_loads(body)
+    except ValueError:  # NaN / Infinity, lone surrogates, errors: the json module
         doc = slow_loads(body)
     if not isinstance(doc, dict):
         raise InvalidArgument(_NOT_AN_OBJECT)

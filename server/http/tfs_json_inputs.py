@@ -20,8 +20,7 @@ import numpy as np
 from processor.errors import InvalidArgument, PayloadTooLarge
 from processor.signature import Signature, TensorSpec
 
-from .json_stream import CHUNK, Document, Span, clip
-from .tfs_json_values import MAX_DEPTH
+from .json_stream import CHUNK, MAX_DEPTH, Document, Span, clip
 
 ROW, COLUMNAR = "row", "columnar"
 

@@ -21,9 +21,7 @@ from processor.errors import InvalidArgument
 from processor.signature import TensorSpec
 
 from .. import native_json
-from .json_stream import clip
-
-MAX_DEPTH = 64  # arrays and objects inside each other: a rank-60 tensor in the columnar format
+from .json_stream import MAX_DEPTH, clip
 
 
 def is_b64(value: Any) -> bool:

@@ -24,9 +24,8 @@ from typing import Any
 from processor.errors import InvalidArgument
 
 from .. import open_inference as oip
-from .json_stream import CHUNK, Document, Span, loads
+from .json_stream import CHUNK, MAX_DEPTH, Document, Span, check_depth, loads
 from .tfs_json import SMALL_BODY
-from .tfs_json_values import MAX_DEPTH
 
 MAX_MEMBERS = 4096  # members of an object; inputs of a request
 MAX_VALUE = 1 << 20  # bytes of JSON text of a member other than an input's data (large bodies)
@@ -38,7 +37,9 @@ def parse(text: bytes | bytearray | memoryview, max_depth: int = MAX_DEPTH) -> d
     """The request object: parsed values, except that a large body's input ``data`` are
     :class:`~server.open_inference.DataPieces`."""
     if len(text) <= SMALL_BODY:
-        doc = loads(bytes(text))
+        text = bytes(text)
+        check_depth(text, max_depth)
+        doc = loads(text)
         if not isinstance(doc, dict):
             raise InvalidArgument(_NOT_AN_OBJECT)
         return doc

@@ -50,6 +50,7 @@ _.total_requests
 _.data_received
 _.disabled
 _.openapi  # FastAPI calls app.openapi() for /openapi.json (our patched schema)
+_.route_class  # FastAPI makes every route the app adds with its router's route_class (JsonDepthRoute)
 
 # Parameters a protocol fixes: __exit__'s traceback, ssl's SNI callback's server name.
 tb
