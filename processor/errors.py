@@ -168,12 +168,16 @@ def edge_error(exc: BaseException, edge: str, logger: logging.Logger) -> Process
     * Every other code is the caller's problem or an expected condition (4xx-class,
       UNAVAILABLE, DEADLINE_EXCEEDED): it is answered, not logged above DEBUG.
 
+    * Then ``exc`` lets go of its frames (:func:`drop_tracebacks`): the answer needs only the
+      message, and a failed request's frames hold its body.
+
     Never raises.
     """
     err = as_processor_error(exc)
     if err.code != StatusCode.INTERNAL:
         logger.debug("%s: %s: %s", edge, err.code.name, err.message,
                      extra={"edge": edge, "status": err.code.name})
+        drop_tracebacks(exc)
         return err
     origin = exc  # the original exception, the end of the __cause__ chain: what gets marked
     seen = {id(origin)}
@@ -191,4 +195,28 @@ def edge_error(exc: BaseException, edge: str, logger: logging.Logger) -> Process
                      exc_info=(type(exc), exc, exc.__traceback__), extra=extra)
     else:
         logger.debug("%s: internal error (traceback logged before): %s", edge, err.message, extra=extra)
+    drop_tracebacks(exc)
     return err
+
+
+def drop_tracebacks(exc: BaseException) -> None:
+    """Let go of the frames ``exc`` holds: the traceback of it and of every exception it chains
+    (``__cause__``, ``__context__``) is dropped.
+
+    Why: a failed request's frames hold its body and everything decoded from it, and an
+    exception that one of those frames can reach again (the future it was awaited through, a
+    local) closes a reference cycle frame -> exception -> traceback -> frame. Only a full
+    garbage collection frees such a cycle, which the server makes rare
+    (:func:`server.runtime.tune_gc`): every refused request held its body, ~1 MiB per 1 MiB
+    request, until then. Call it once the exception has been logged; ``exc`` stays usable
+    (type, message, chain), only its tracebacks are gone.
+    """
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [exc]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        e.__traceback__ = None
+        stack += (e.__cause__, e.__context__)

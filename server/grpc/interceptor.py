@@ -13,7 +13,7 @@ then for every call:
   they are INVALID_ARGUMENT, counted and logged like any bad request;
 * the call tracked (``ServingRuntime.track``: drain gate, in-flight gauge, metrics, access log)
   under the model the :class:`Method` names;
-* any error mapped once (:func:`abort`: ``STATUS_TABLE``'s status and the message).
+* any error mapped once (:func:`fail`: ``STATUS_TABLE``'s status and the message).
 
 Handlers under it are ``async def handler(request, context)`` that return the response message
 or raise; where a method's model work runs is theirs to say, through ``ServingRuntime.serve``
@@ -48,14 +48,19 @@ Handler = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
 request_bytes: contextvars.ContextVar[int] = contextvars.ContextVar("grpc_request_bytes", default=0)
 
 
-async def abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
-    """The one mapping of an error to gRPC: STATUS_TABLE's status name and the message. Raises
-    (``grpc.aio.AbortError``), as ``context.abort`` does."""
+def fail(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
+    """The one mapping of an error to gRPC: STATUS_TABLE's status name and the message, set on
+    ``context``; the handler then returns None (grpcio sends no message with a non-OK status).
+
+    Not ``context.abort``: the ``AbortError`` it raises carries a traceback through the
+    handler's frame, and grpcio's handling of it closes a reference cycle, so each refused
+    call's request bytes stayed in memory until a full garbage collection."""
     err = edge_error(exc, "grpc", log)
     message = err.message  # it travels in the trailing metadata: never past a client's limit
     if len(message) > MAX_MESSAGE:
         message = f"{message[:MAX_MESSAGE]}... ({len(message)} characters)"
-    await context.abort(grpc.StatusCode[err.edge.grpc], message)
+    context.set_code(grpc.StatusCode[err.edge.grpc])
+    context.set_details(message)
 
 
 # The request metadata that picks the arm of a model's traffic split for a call naming no
@@ -181,7 +186,8 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):
                         raise problem
                     return await handler(request, context)
             except Exception as exc:
-                await abort(context, exc)
+                fail(context, exc)
+                return None
             finally:
                 request_id_var.reset(token)
                 request_bytes.reset(size_token)
