@@ -211,6 +211,62 @@ def to_array(tensor: InferInput, max_elements: int | None = None,
     return array.reshape(shape)
 
 
+RAW_FORM = "a raw binary request (Inference-Header-Content-Length: 0, no JSON header)"
+
+
+def raw_input(rt, name: str, version: str | None, raw: bytes | memoryview) -> InferInput:
+    """The one input of a raw binary infer request, :data:`RAW_FORM`: the body is the bytes of
+    the model's single input, its datatype and shape the model's metadata says
+    (:func:`tensor_metadata`), with one variable dimension inferred from the byte count (the
+    element count for BYTES, walking the length prefixes). InvalidArgument for a model of
+    several inputs, for a byte count no shape of the signature's fits, and for a signature
+    with more than one variable dimension (the count cannot say how to split)."""
+    specs = list(served(rt, name, version).signature.inputs.values())
+    if len(specs) != 1:
+        names = ", ".join(echo(s.alias) for s in specs[:8]) + (", ..." if len(specs) > 8 else "")
+        raise InvalidArgument(f"model {echo(name)} has {len(specs)} inputs ({names}); {RAW_FORM} carries a "
+                              f"model's only input: send a JSON header that names each input")
+    meta = tensor_metadata(specs[0])
+    input_name, datatype, dims = meta["name"], meta["datatype"], meta["shape"]
+    dtype = DATATYPES[datatype]
+    if dtype == object:
+        count = _bytes_count(input_name, raw)
+    else:
+        if len(raw) % dtype.itemsize:
+            raise InvalidArgument(f"input {echo(input_name)}: {len(raw)} raw bytes are not a whole number "
+                                  f"of {datatype} elements ({dtype.itemsize} bytes each); {RAW_FORM}")
+        count = len(raw) // dtype.itemsize
+    variable = [i for i, d in enumerate(dims) if d is None or d < 0]
+    known = 1
+    for d in dims:
+        known *= d if d is not None and d >= 0 else 1
+    if len(variable) > 1:
+        raise InvalidArgument(f"input {echo(input_name)}: its shape {dims} has {len(variable)} variable "
+                              f"dimensions, which {RAW_FORM} cannot infer; send a JSON header with the shape")
+    if variable and known and count % known == 0:
+        shape = list(dims)
+        shape[variable[0]] = count // known
+    elif not variable and count == known:
+        shape = list(dims)
+    else:
+        raise InvalidArgument(f"input {echo(input_name)}: {count} {datatype} elements do not fit its "
+                              f"shape {dims}; {RAW_FORM}")
+    return InferInput(input_name, datatype, tuple(shape), raw=raw)
+
+
+def _bytes_count(name: str, raw: bytes | memoryview) -> int:
+    """How many length-prefixed BYTES elements ``raw`` holds (it must end after the last)."""
+    view, at, count = memoryview(raw), 0, 0
+    while at < len(view):
+        if at + 4 > len(view):
+            raise InvalidArgument(f"input {echo(name)}: BYTES contents end inside a length prefix")
+        at += 4 + struct.unpack_from("<I", view, at)[0]
+        count += 1
+    if at > len(view):
+        raise InvalidArgument(f"input {echo(name)}: a BYTES element runs past the contents")
+    return count
+
+
 def _from_raw(name: str, datatype: str, dtype: np.dtype, raw: bytes | memoryview, count: int) -> np.ndarray:
     if dtype == object:
         return _bytes_elements(name, raw, count)

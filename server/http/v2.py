@@ -38,7 +38,6 @@ from processor.errors import InvalidArgument, PayloadTooLarge
 
 from .. import native_json
 from .. import open_inference as oip
-from ..deadline import from_http_headers
 from ..runtime import ServingRuntime
 from . import v2_json
 from .body import read_body
@@ -106,7 +105,7 @@ def register(app, rt: ServingRuntime, errors: dict, routes: PredictRoutes) -> No
         model, version = match.group(1), match.group(2)  # an ASGI path is percent-decoded already
 
         async def work() -> Reply:
-            deadline = from_http_headers(headers)
+            deadline = routes.deadline(headers)
             header_length = header(headers, b"inference-header-content-length")
             encoding = _encoding(header(headers, b"content-encoding"))
             limit, setting = body_limit(header_length)
@@ -214,8 +213,12 @@ def _infer(rt: ServingRuntime, model: str, version: str | None, body: bytes | by
            header_length: str | None, deadline: float | None, limits: BodyLimits,
            prepared: PreparedInfers | None = None, key: str | None = None) -> Reply:
     doc, binary = _split_body(body, header_length)
-    inputs = _inputs(doc, binary)
-    wanted, binary_out = _outputs(doc)
+    if doc is None:  # the raw form: the body is the model's only input, every output binary
+        inputs, wanted, binary_out = [oip.raw_input(rt, model, version, binary)], [], {"*": True}
+        doc, prepared = {}, None
+    else:
+        inputs = _inputs(doc, binary)
+        wanted, binary_out = _outputs(doc)
     charge = limits.hold.charge if limits.hold is not None else None
     number, outputs = oip.infer(rt, model, version, inputs, [name for name, _ in wanted] if wanted else None,
                                 deadline, limits.max_elements, charge, key)
@@ -253,7 +256,9 @@ def _dumps(value: Any) -> bytes:
     return json.dumps(value).encode()
 
 
-def _split_body(body: bytes | bytearray, header_length: str | None) -> tuple[dict, memoryview]:
+def _split_body(body: bytes | bytearray, header_length: str | None) -> tuple[dict | None, memoryview]:
+    """(the JSON header, the binary part after it); (None, the body) for the raw form
+    (``Inference-Header-Content-Length: 0``: no JSON header, :data:`~server.open_inference.RAW_FORM`)."""
     view = memoryview(body)
     if header_length is None:
         json_part, binary = view, view[len(view):]
@@ -265,6 +270,8 @@ def _split_body(body: bytes | bytearray, header_length: str | None) -> tuple[dic
         if not 0 <= n <= len(body):
             raise InvalidArgument(f"Inference-Header-Content-Length: expected a length within the body "
                                   f"({len(body)} bytes), got {header_length[:_MAX_ECHO]!r}")
+        if n == 0:
+            return None, view
         json_part, binary = view[:n], view[n:]
     return v2_json.parse(json_part), binary
 

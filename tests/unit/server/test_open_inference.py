@@ -105,3 +105,53 @@ def test_numbers_out_of_range_print_no_warning():
         with pytest.raises(InvalidArgument):
             oip.to_array(oip.InferInput("t", "FP16", (1,), data=[1e300]))
         assert np.isnan(oip.to_array(oip.InferInput("t", "FP32", (1,), data=[float("nan")]))[0])
+
+
+# --- the raw binary form (Inference-Header-Content-Length: 0; issue 51) -------------------------
+
+def _rt_serving(*specs):
+    """A runtime stand-in whose model serves a signature of ``specs`` (alias, dtype, shape)."""
+    from types import SimpleNamespace
+
+    from processor.signature import Signature, TensorSpec
+
+    inputs = {alias: TensorSpec(alias, f"{alias}:0", dtype, shape) for alias, dtype, shape in specs}
+    served = SimpleNamespace(signature=Signature("serving_default", inputs, {}))
+    return SimpleNamespace(dataplane=SimpleNamespace(served=lambda name, version: served))
+
+
+@pytest.mark.parametrize("shape, raw, expected", [
+    ((-1, 2), np.arange(6, dtype=np.float32).tobytes(), (3, 2)),    # the batch inferred
+    ((2, -1), np.arange(6, dtype=np.float32).tobytes(), (2, 3)),    # any one variable dimension
+    ((3,), np.arange(3, dtype=np.float32).tobytes(), (3,)),          # fixed: the count must fit
+    (None, np.arange(4, dtype=np.float32).tobytes(), (4,)),          # unknown rank: a vector
+    ((-1, 1), b"", (0, 1)),                                           # an empty batch
+])
+def test_raw_input_takes_the_shape_from_the_signature(shape, raw, expected):
+    from processor.dtypes import DT_FLOAT
+
+    tensor = oip.raw_input(_rt_serving(("x", DT_FLOAT, shape)), "m", None, raw)
+    assert (tensor.name, tensor.datatype, tensor.shape) == ("x", "FP32", expected)
+    assert oip.to_array(tensor).tolist() == np.frombuffer(raw, np.float32).reshape(expected).tolist()
+
+
+def test_raw_input_counts_bytes_elements_by_their_prefixes():
+    from processor.dtypes import DT_STRING
+
+    words = np.array([b"ab", b"", b"\xff" * 5], object)
+    tensor = oip.raw_input(_rt_serving(("w", DT_STRING, (-1,))), "m", None, oip.raw_bytes(words))
+    assert tensor.shape == (3,) and oip.to_array(tensor).tolist() == words.tolist()
+
+
+@pytest.mark.parametrize("specs, raw, words", [
+    ((("a", 1, (-1,)), ("b", 1, (-1,))), b"\0" * 8, "has 2 inputs ('a', 'b')"),
+    ((("x", 1, (-1, 3)),), b"\0" * 7, "not a whole number of FP32"),
+    ((("x", 1, (-1, 3)),), b"\0" * 16, "4 FP32 elements do not fit its shape [-1, 3]"),
+    ((("x", 1, (2,)),), b"\0" * 12, "3 FP32 elements do not fit its shape [2]"),
+    ((("x", 1, (-1, -1)),), b"\0" * 16, "2 variable dimensions"),
+    ((("w", 7, (-1,)),), b"\1\0\0", "inside a length prefix"),
+    ((("w", 7, (-1,)),), b"\9\0\0\0ab", "runs past"),
+])
+def test_raw_input_refuses_what_the_byte_count_cannot_say(specs, raw, words):
+    with pytest.raises(InvalidArgument, match=r"(?s).*" + __import__("re").escape(words)):
+        oip.raw_input(_rt_serving(*specs), "m", None, raw)
