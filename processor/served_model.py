@@ -296,12 +296,14 @@ class ModelRegistry:
         return cls([ServedModel.compose(name, config, raw_config=raw_config, environment=environment)])
 
     def get(self, name: str) -> ServedModel:
-        """The model; NotFound naming the served ones."""
+        """The model; NotFound naming the model asked for and how many are served (not their
+        names: an answer to any client, who may not be told what else this server serves)."""
         model = self._models.get(name)
         if model is None:
             # TF Serving's words first: its clients and readiness helpers look for "Servable"
+            count = len(self._models)
             raise NotFound(f"Servable not found for request: Latest({cut(name)}) (unknown model "
-                           f"{shorten(name, 80)}; serving {sorted(self._models)})")
+                           f"{shorten(name, 80)}; this server serves {count} model{'s' if count != 1 else ''})")
         return model
 
     def __contains__(self, name: object) -> bool:
