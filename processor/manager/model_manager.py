@@ -57,7 +57,7 @@ from ..store.checkpoint_layout import served_versions
 from ..store.model_store import ModelStore
 from ..store.model_version import ModelVersion
 from ..store.version_watcher import VersionWatcher
-from .. import memory
+from .. import load_priority, memory
 from .loader import VersionLoader
 from ..memory_budget import MemoryBudget, default_budget
 from .policy import Action, Failure, next_action, record_failure
@@ -252,7 +252,10 @@ class ModelManager:
             file_bytes = self.loader.file_bytes(version)
             self._budget.admit(self.name, version.label, engine, file_bytes)  # LoadRefused: it would not fit
             before = memory.process_rss_bytes()
-            loaded = self.loader.load(version, self._warmup_file, on_warming=warming, pinned=pinned)
+            # below serving priority: a load never holds what requests wait for (a delta does:
+            # its apply runs at serving priority)
+            with load_priority.lowered(self.config.load_nice):
+                loaded = self.loader.load(version, self._warmup_file, on_warming=warming, pinned=pinned)
         except Exception:
             if self._current is None:  # LOADING or WARMING: nothing serves
                 self._to(ModelState.FAILED)
