@@ -23,10 +23,9 @@ from __future__ import annotations
 import logging
 
 from .errors import edge_error
-from .processor import Processor
+from .processor import EDGE, Processor
 
 ABI_VERSION = 1
-EDGE = "c_abi"
 
 log = logging.getLogger(__name__)
 

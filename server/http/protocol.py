@@ -40,6 +40,12 @@ from ..tls import client_identity
 
 log = logging.getLogger("server.http")
 
+# The uvicorn releases (major, minor) this module was tested with: it subclasses uvicorn's
+# httptools protocol and uses its internals (the parser, the cycle, the timers), which change
+# between minor releases. pyproject.toml pins the same range; tests/unit/server/
+# test_uvicorn_pin.py fails on any other installed version.
+UVICORN_TESTED = ((0, 54),)
+
 # after a refusal: drop what the client still sends, for at most this long / this many bytes
 LINGER_SECONDS = 2.0
 LINGER_BYTES = 16 * 1024 * 1024
