@@ -33,8 +33,8 @@ if TYPE_CHECKING:
 # The parts a version's memory is counted in (see SessionGroup.memory for what each holds).
 PARTS = ("weights", "tables", "caches", "shared", "device")
 
-CGROUP_V2_MAX = "/sys/fs/cgroup/memory.max"
-CGROUP_V1_LIMIT = "/sys/fs/cgroup/memory/memory.limit_in_bytes"
+CGROUP_ROOT = "/sys/fs/cgroup"  # v2's unified mount; v1's memory controller at <root>/memory
+PROC_CGROUP = "/proc/self/cgroup"
 MEMINFO = "/proc/meminfo"
 STATM = "/proc/self/statm"
 
@@ -61,9 +61,10 @@ def memory_parts(*counts: Mapping[str, int]) -> dict[str, int]:
 
 
 def estimate_load_bytes(store: ModelStore, version: ModelVersion, config: ModelConfig) -> int:
-    """The bytes of ``version``'s parameters on disk, from the sizes of its files in ``store``
-    (none is read): the ``.onnx`` model when ONNX Runtime serves it from one (``model.onnx``
-    preferred, as the engine picks it; not with ``backend: tensorflow``); else, with a
+    """The bytes of ``version``'s parameters on disk, from the sizes of its files in ``store``:
+    the ``.onnx`` model when ONNX Runtime serves it from one (``model.onnx`` preferred, as the
+    engine picks it; not with ``backend: tensorflow``) with the external data files it names
+    (:func:`_onnx_bytes`: the only file read, and only a small one); else, with a
     ``checkpoint_dir`` (``version.full_prefix``), the full checkpoint's ``.data-*`` shards plus
     those of every delta it applies (``delta_chain``); else the SavedModel's
     ``variables/variables.data-*`` shards. Index files, graphs and small constants are left out.
@@ -73,13 +74,41 @@ def estimate_load_bytes(store: ModelStore, version: ModelVersion, config: ModelC
         models = [f for f in store.list_files(version.savedmodel_dir) if f.endswith(".onnx")]
         if models:
             name = "model.onnx" if "model.onnx" in models else sorted(models)[0]
-            return store.size(posixpath.join(version.savedmodel_dir, name))
+            return _onnx_bytes(store, version.savedmodel_dir, name)
     if version.full_prefix:
         deltas = [p for _, p in version.delta_chain] or ([version.delta_prefix] if version.delta_prefix else [])
         prefixes = [version.full_prefix, *deltas]
     else:
         prefixes = [posixpath.join(version.savedmodel_dir, "variables", "variables")]
     return sum(_shard_bytes(store, prefix) for prefix in prefixes)
+
+
+# A .onnx file at most this large is read for the external data files it names (a model over
+# 2 GiB must keep its weights outside: protobuf's limit); a larger one holds its weights inside.
+ONNX_READ_MAX = 64 << 20
+
+
+def _onnx_bytes(store: ModelStore, directory: str, name: str) -> int:
+    """The ``.onnx`` file's bytes plus those of the external data files its initializers name
+    (each file once, whole; relative to the model's directory, as ONNX resolves them)."""
+    path = posixpath.join(directory, name)
+    size = store.size(path)
+    if size > ONNX_READ_MAX:
+        return size
+    import onnx
+
+    from google.protobuf.message import DecodeError
+
+    with store.fs.open(path, "rb") as f:
+        data = f.read()
+    try:
+        model = onnx.ModelProto.FromString(data)
+    except DecodeError:  # not a model: its load will say so; its bytes are the estimate
+        return size
+    files = {entry.value for tensor in model.graph.initializer
+             if tensor.data_location == onnx.TensorProto.EXTERNAL
+             for entry in tensor.external_data if entry.key == "location"}
+    return size + sum(store.size(posixpath.join(directory, f)) for f in sorted(files))
 
 
 def _shard_bytes(store: ModelStore, prefix: str) -> int:
@@ -100,18 +129,52 @@ def _read(path: str) -> str | None:
 
 
 def _cgroup_limit() -> int | None:
-    """The cgroup's memory limit in bytes (v2, else v1), or None: no cgroup file, ``max``, a
-    value that is not a number, or one too large to bound anything."""
-    for path in (CGROUP_V2_MAX, CGROUP_V1_LIMIT):
-        text = _read(path)
-        if text is None:
+    """The tightest memory limit of this process's cgroup and of every cgroup above it, in bytes
+    (v2 ``memory.max``, else v1 ``memory.limit_in_bytes``), or None: no cgroup file, ``max``,
+    values that are not numbers or too large to bound anything.
+
+    The process's cgroup comes from ``/proc/self/cgroup`` (``0::/path`` for v2, ``N:memory:/path``
+    for v1) and is looked up under the mount, then each parent up to the mount's root: a limit
+    set on a parent (a pod's, a systemd slice's) bounds its children too, and in a container
+    whose mount is its own cgroup the path names the host's hierarchy, which only the root
+    matches. Without ``/proc/self/cgroup``: the mount's root alone."""
+    paths = _own_cgroups()
+    for root, name, path in ((CGROUP_ROOT, "memory.max", paths.get("v2")),
+                             (posixpath.join(CGROUP_ROOT, "memory"), "memory.limit_in_bytes", paths.get("v1"))):
+        if path is None:
             continue
-        try:
-            value = int(text.strip())
-        except ValueError:  # "max": no limit
-            return None
-        return value if 0 < value < _NO_LIMIT else None
+        parts = [p for p in path.split("/") if p and p not in (".", "..")]
+        found, limits = False, []
+        for depth in range(len(parts), -1, -1):  # the process's own cgroup first, the root last
+            text = _read(posixpath.join(root, *parts[:depth], name))
+            if text is None:
+                continue
+            found = True
+            try:
+                value = int(text.strip())
+            except ValueError:  # "max": no limit here
+                continue
+            if 0 < value < _NO_LIMIT:
+                limits.append(value)
+        if found:
+            return min(limits) if limits else None
     return None
+
+
+def _own_cgroups() -> dict[str, str]:
+    """This process's cgroup paths: ``v2`` (the unified hierarchy) and ``v1`` (the memory
+    controller's), from ``/proc/self/cgroup``; both ``/`` where it cannot be read."""
+    text = _read(PROC_CGROUP)
+    if text is None:
+        return {"v2": "/", "v1": "/"}
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "":
+            out["v2"] = path or "/"
+        elif "memory" in controllers.split(","):
+            out["v1"] = path or "/"
+    return out
 
 
 def _machine_memory() -> int | None:

@@ -32,8 +32,10 @@ class ServerProcess:
     """See the module doc."""
 
     def __init__(self, deployment: dict[str, Any], workdir: str | os.PathLike,
-                 env: dict[str, str] | None = None, ssl_context: ssl.SSLContext | None = None) -> None:
+                 env: dict[str, str] | None = None, ssl_context: ssl.SSLContext | None = None,
+                 prefix: list[str] | None = None) -> None:
         self.deployment = dict(deployment)
+        self.prefix = list(prefix or ())  # a command that execs the server (e.g. into a cgroup)
         self.workdir = Path(workdir)
         self.env = env or {}
         self.ssl_context = ssl_context  # the client side when the HTTP port speaks TLS
@@ -61,7 +63,7 @@ class ServerProcess:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "server", "--config", str(config), "--http-port", "0",
+            [*self.prefix, sys.executable, "-m", "server", "--config", str(config), "--http-port", "0",
              "--grpc-port", "0", "--host", "127.0.0.1", "--ports-file", str(ports)],
             cwd=REPO_ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
         _running.add(self)

@@ -30,16 +30,21 @@ GIB = 1 << 30
 @pytest.fixture
 def files(tmp_path, monkeypatch):
     """Point the module's cgroup and /proc paths at files of this test (none exist at first);
-    returns a writer ``(name, text)`` for ``v2``, ``v1``, ``meminfo``, ``statm``."""
-    paths = {"v2": tmp_path / "memory.max", "v1": tmp_path / "memory.limit_in_bytes",
-             "meminfo": tmp_path / "meminfo", "statm": tmp_path / "statm"}
-    monkeypatch.setattr(memory, "CGROUP_V2_MAX", str(paths["v2"]))
-    monkeypatch.setattr(memory, "CGROUP_V1_LIMIT", str(paths["v1"]))
+    returns a writer ``(name, text)`` for ``v2``, ``v1`` (the mount roots' limits), ``meminfo``,
+    ``statm``, ``cgroup`` (/proc/self/cgroup) and any other path under the cgroup mount."""
+    root = tmp_path / "cgroup"
+    (root / "memory").mkdir(parents=True)
+    paths = {"v2": root / "memory.max", "v1": root / "memory" / "memory.limit_in_bytes",
+             "meminfo": tmp_path / "meminfo", "statm": tmp_path / "statm", "cgroup": tmp_path / "proc_cgroup"}
+    monkeypatch.setattr(memory, "CGROUP_ROOT", str(root))
+    monkeypatch.setattr(memory, "PROC_CGROUP", str(paths["cgroup"]))
     monkeypatch.setattr(memory, "MEMINFO", str(paths["meminfo"]))
     monkeypatch.setattr(memory, "STATM", str(paths["statm"]))
 
     def write(name: str, text: str) -> None:
-        paths[name].write_text(text)
+        path = paths.get(name) or root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
 
     return write
 
@@ -66,6 +71,26 @@ def test_cgroup_v1_and_its_no_limit_value(files):
     assert memory.memory_limit(None) == int(0.9 * 8 * GIB)
     files("v2", f"{2 * GIB}\n")  # v2 is read first
     assert memory.memory_limit(None) == int(0.9 * 2 * GIB)
+
+
+def test_the_process_own_cgroup_and_its_parents_bound_it(files):
+    files("meminfo", meminfo(64 * GIB))
+    files("cgroup", "0::/kubepods/pod1/ctr\n")
+    files("kubepods/pod1/ctr/memory.max", "max\n")
+    files("kubepods/pod1/memory.max", f"{3 * GIB}\n")  # the pod's limit bounds the container
+    files("kubepods/memory.max", f"{5 * GIB}\n")
+    assert memory.memory_limit(None) == int(0.9 * 3 * GIB)
+    files("kubepods/pod1/ctr/memory.max", f"{2 * GIB}\n")  # its own, tighter
+    assert memory.memory_limit(None) == int(0.9 * 2 * GIB)
+    # cgroup v1 (a hybrid host: its unified line names no memory.max), a container whose mount
+    # is its own cgroup: the host's path matches nothing but the mount's root
+    files("cgroup", "12:memory:/docker/abc\n0::/\n")
+    for name in ("kubepods/pod1/ctr/memory.max", "kubepods/pod1/memory.max", "kubepods/memory.max"):
+        files(name, "max\n")
+    files("v1", f"{GIB}\n")
+    assert memory.memory_limit(None) == int(0.9 * GIB)
+    files("memory/docker/abc/memory.limit_in_bytes", f"{GIB // 2}\n")  # the host's view: its own file
+    assert memory.memory_limit(None) == int(0.9 * GIB // 2)
 
 
 def test_settings_share_bytes_and_off(files):
@@ -259,3 +284,28 @@ def test_hot_row_cache_counts_its_index_and_the_rows_it_holds():
     cache.insert("t", np.arange(300, dtype=np.int64), np.ones((300, 16), np.float32))
     assert cache.nbytes() == index_bytes(capacity) + 300 * 16 * 4
     assert HotRowCache(specs, 0).nbytes() == 0
+
+
+def test_estimate_of_an_onnx_model_counts_its_external_data(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    def external(name: str, location: str) -> TensorProto:
+        tensor = helper.make_tensor(name, TensorProto.FLOAT, [4], [0.0] * 4)
+        tensor.ClearField("float_data")
+        tensor.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", location), ("offset", "0"), ("length", "16")):
+            tensor.external_data.add(key=key, value=value)
+        return tensor
+    graph = helper.make_graph([helper.make_node("Add", ["a", "b"], ["y"])], "g", [],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+                              [external("a", "weights.bin"), external("b", "weights.bin")])
+    sm = tmp_path / "sm"
+    sm.mkdir()
+    onnx.save(helper.make_model(graph), str(sm / "model.onnx"))
+    with open(sm / "weights.bin", "wb") as f:  # sparse: sized, not written
+        f.truncate(3 << 30)
+    sized(sm / "unrelated.bin", 999)  # not named by the model
+    version = ModelVersion(-1, -1, savedmodel_dir=str(sm))
+    model_bytes = (sm / "model.onnx").stat().st_size
+    assert memory.estimate_load_bytes(ModelStore(), version, config(tmp_path)) == model_bytes + (3 << 30)
