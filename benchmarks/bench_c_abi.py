@@ -50,9 +50,9 @@ class HostSession:
     """The example host, initialized once, running timed phases on request (--stdin-phases)."""
 
     def __init__(self, config: Path, request: Path, log: Path, env: dict | None = None,
-                 lib: Path = BUILD / "libserving_processor.so") -> None:
+                 lib: Path = BUILD / "libserving_processor.so", extra: tuple[str, ...] = ()) -> None:
         cmd = [str(BUILD / "processor_host"), "--lib", str(lib), "--config", str(config), "--request", str(request),
-               "--stdin-phases", "--warmup", "20"]
+               "--stdin-phases", "--warmup", "20", *extra]
         full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
         self.log = open(log, "w")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
