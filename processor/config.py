@@ -182,6 +182,11 @@ class ModelConfig(BaseModel):
     # (processor/load_priority.py); 0: at serving priority. At most 18: 19 is the shadow copies'.
     load_nice: int = Field(10, ge=0, le=18)
     file_system_poll_wait_seconds: float = Field(2.0, ge=0)
+    # TF Serving's: a version that failed to load is tried again at most this many times (the
+    # first loads at start included), every load_retry_interval_micros, then given up (a newer
+    # version is still tried). None (ours): retried for ever, with a backoff from the poll interval.
+    max_num_load_retries: int | None = Field(None, ge=0, le=1_000_000)
+    load_retry_interval_micros: int | None = Field(None, ge=0, le=86_400_000_000)
     restore_model_version: int | None = Field(None, ge=0)
     # Ours (TF Serving's model_version_policy): which versions serve side by side; the default
     # serves the newest only. A JSON object, its keys strict (processor/store/version_policy.py).

@@ -42,6 +42,8 @@ DEFAULT_HTTP_PORT = 8080
 DEFAULT_GRPC_PORT = 8500
 DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_HEADER_BYTES = 16 * 1024  # issue 16 server limits
+# HTTP paths the server routes itself (prometheus_path may not be under them)
+_ROUTED_PREFIXES = ("/v1/", "/v2/", "/api/", "/admin/", "/docs", "/openapi.json")
 
 
 class ModelEntry(BaseModel):
@@ -175,6 +177,38 @@ class DeploymentConfig(BaseModel):
     json_decode_memory_bytes: int = Field(1 << 30, ge=0, le=2**50)
     # --- end of TF Serving REST JSON decoding --------------------------------------------------
 
+    # --- TF Serving's server flags (issue 48: what ``tensorflow_model_server``'s flags become,
+    # server/tfs_cli.py; usable from any deployment file) -----------------------------------------
+    # gRPC also listens on this Unix domain socket (--grpc_socket_path), plaintext unless the
+    # gRPC port speaks TLS (then with the same credentials); one listener, so not with workers > 1
+    grpc_socket_path: str | None = Field(None, min_length=1, max_length=100)
+    # channel arguments of the gRPC server (--grpc_channel_arguments), set over ours (a key given
+    # here replaces ours): "grpc.max_connection_age_ms": 2000, "grpc.lb_policy_name": "grpclb"
+    grpc_channel_arguments: dict[str, int | str] = Field(default_factory=dict)
+    # the deadline of an HTTP request that sets no X-Request-Timeout-Ms header, milliseconds
+    # from its arrival (--rest_api_timeout_in_ms); null: none
+    http_request_timeout_ms: int | None = Field(None, ge=1, le=86_400_000)
+    # Prometheus is also served at this HTTP path (a MonitoringConfig's prometheus_config.path)
+    prometheus_path: str | None = Field(None, pattern=r"^/[A-Za-z0-9_.\-/]{1,200}$")
+    # false: a version label may only name a version that serves; a label naming another is not
+    # applied (refused on a reload, dropped from a model that loads) and the error logged
+    # (--allow_version_labels_for_unavailable_models; true, ours: such a label waits for it)
+    allow_version_labels_for_unavailable_models: bool = True
+
+    @model_validator(mode="after")
+    def _tfs_flags(self) -> DeploymentConfig:
+        if self.grpc_socket_path is not None and self.workers > 1:
+            raise ValueError("grpc_socket_path: a Unix socket has one listener; not with workers > 1")
+        for key in self.grpc_channel_arguments:
+            if not re.match(r"^[a-z][a-z0-9_.]{0,127}$", key):
+                raise ValueError(f"grpc_channel_arguments: {shorten(key, 80)} is not a gRPC channel argument "
+                                 f"name (like grpc.max_connection_age_ms)")
+        if self.prometheus_path is not None and self.prometheus_path.startswith(_ROUTED_PREFIXES):
+            raise ValueError(f"prometheus_path: {self.prometheus_path} is under a path the server routes "
+                             f"({', '.join(_ROUTED_PREFIXES)})")
+        return self
+    # --- end of TF Serving's server flags --------------------------------------------------------
+
     # --- TLS (issue 31; loaded and checked by server/tls.py, README "TLS") ----------------------
     # PEM certificate chain (leaf first) and its private key (a file, or the name of an
     # environment variable holding the PEM); with them the http_port and grpc_port speak TLS
@@ -263,7 +297,7 @@ class DeploymentConfig(BaseModel):
             if entry.name in seen:
                 raise ValueError(f"models[{i}].name: model name {shorten(entry.name)} is used twice")
             seen.add(entry.name)
-        if self.http_port is None and self.grpc_port is None:
+        if self.http_port is None and self.grpc_port is None and self.grpc_socket_path is None:
             raise ValueError("http_port: both http_port and grpc_port are null; enable at least one")
         if self.admin_token and self.admin_token_env:
             raise ValueError("admin_token: give admin_token or admin_token_env, not both")

@@ -5,9 +5,11 @@
 1. binds the ports (0 picks a free one; the bound ports are printed and, with ``ports_file``,
    written as JSON ``{"http": port, "grpc": port}``), starts gRPC and uvicorn at once; with TLS
    (server/tls.py) the certificate files are checked first, and the extra listeners
-   (``http_plaintext_port``, ``grpc_plaintext_port``, ``health_port``) start alongside;
+   (``http_plaintext_port``, ``grpc_plaintext_port``, ``health_port``) start alongside, and
+   gRPC also listens on ``grpc_socket_path`` (a Unix socket) when set;
 2. loads every model on background threads (readiness stays 503 until all are loaded; a model
-   that fails is reported unready while the others serve);
+   that fails is reported unready while the others serve); with ``load_first`` (a supervisor's
+   worker; TF Serving's command line) the models load before the ports open;
 3. on SIGTERM or SIGINT: readiness and gRPC health turn NOT_SERVING, new requests are refused
    with 503 / UNAVAILABLE, in-flight requests get up to ``drain_timeout_seconds`` to finish, then
    both servers stop and the models are closed. Exit status 0 after a clean drain, 1 when the
@@ -40,11 +42,15 @@ class ServingApp:
 
     def __init__(self, deployment: DeploymentConfig, *, models: ModelRegistry | None = None,
                  ports_file: str | os.PathLike | None = None,
-                 announce: Callable[[str], None] | None = None, worker: bool = False) -> None:
+                 announce: Callable[[str], None] | None = None, worker: bool = False,
+                 load_first: bool = False) -> None:
         self.deployment = deployment
         # a supervisor's worker (server/supervisor.py): ports shared with SO_REUSEPORT, models
         # loaded before the ports open (no request meets a loading worker)
         self.worker = worker
+        # the models load (or fail) before the ports open: a worker's rule, and TF Serving's
+        # (tensorflow_model_server, server/tfs_cli.py)
+        self.load_first = load_first or worker
         self.runtime = ServingRuntime(deployment, models)
         self.ports_file = Path(ports_file) if ports_file else None
         self.announce = announce or (lambda line: print(line, flush=True))
@@ -96,23 +102,21 @@ class ServingApp:
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(signal.SIGHUP, model_set.request_reload)
 
-        if self.worker:
+        if self.load_first:
             self.runtime.start_models()
             await loop.run_in_executor(None, self.runtime.wait_models)
+        if self.worker:
             if self.runtime.admin_journal is not None:  # serve what the other workers serve
                 await loop.run_in_executor(None, self.runtime.admin_journal.start)
-        if dep.grpc_port is not None:
+        if dep.grpc_port is not None or dep.grpc_socket_path is not None:
             from .grpc.server import create_grpc_server
 
-            credentials = None
-            if dep.grpc_tls_on:
-                from .tls import grpc_server_credentials
-
-                credentials = grpc_server_credentials(self.tls)
             self._grpc, self.grpc_port, self._health = create_grpc_server(
-                self.runtime, dep.host, dep.grpc_port, credentials)
+                self.runtime, dep.host, dep.grpc_port, self._grpc_credentials())
             if dep.grpc_plaintext_port is not None:
                 self.grpc_plaintext_port = self._grpc.add_port(dep.host, dep.grpc_plaintext_port)
+            if dep.grpc_socket_path is not None:  # TF Serving's --grpc_socket_path
+                self._grpc.add_unix_socket(dep.grpc_socket_path, self._grpc_credentials())
             self._grpc.start()
         http_tasks = []
         for attr, port, tls, probes in self._http_listeners():
@@ -129,7 +133,7 @@ class ServingApp:
         if self.tls is not None:
             self.tls.start()
         self._write_ports()
-        if not self.worker:
+        if not self.load_first:
             self.runtime.start_models()
         model_set.start()
         self.started.set()
@@ -145,6 +149,15 @@ class ServingApp:
         self.runtime.close()
         log.info("stopped", extra={"exit_code": self.exit_code})
         return self.exit_code
+
+    def _grpc_credentials(self):
+        """TLS credentials for one gRPC listener when the gRPC port speaks TLS, else None (one
+        object per listener: each keeps its own state of the certificate reloads)."""
+        if not self.deployment.grpc_tls_on:
+            return None
+        from .tls import grpc_server_credentials
+
+        return grpc_server_credentials(self.tls)
 
     def _http_listeners(self) -> list[tuple[str, int, bool, bool]]:
         """(attribute for the bound port, port, TLS, probes only) per HTTP listener."""
@@ -203,6 +216,8 @@ class ServingApp:
             self.announce(f"HTTP  {scheme}://{host}:{self.http_port}  (docs: /docs, metrics: /metrics)")
         if self.grpc_port is not None:
             self.announce(f"gRPC  {host}:{self.grpc_port}{'  (TLS)' if dep.grpc_tls_on else ''}")
+        if dep.grpc_socket_path is not None:
+            self.announce(f"gRPC  unix:{dep.grpc_socket_path}")
         for name, port in (("HTTP plaintext", self.http_plaintext_port),
                            ("gRPC plaintext", self.grpc_plaintext_port), ("health", self.health_port)):
             if port is not None:

@@ -19,7 +19,9 @@ in the report), not half-applied. A file that does not validate is refused as a 
 reported): the running set keeps serving.
 
 Where a new deployment comes from (:meth:`ModelSet.reload`): the file the server was started
-with, re-read when it changes (polled every ``model_config_file_poll_wait_seconds``; 0: not
+with (our JSON, or TF Serving's text-format ``ModelServerConfig``: :func:`read_deployment`; the
+``tensorflow_model_server`` entry point, :mod:`server.tfs_cli`, gives a reader of its own that
+also applies its flags), re-read when it changes (polled every ``model_config_file_poll_wait_seconds``; 0: not
 polled) and on SIGHUP. With ``workers > 1`` the supervisor reads the file, and each worker the
 copy the supervisor rewrites (and signals): every worker follows, and a worker restarted later
 starts from the new set.
@@ -53,10 +55,22 @@ _RELOADED = ("config", "inference_threads", "max_queued_requests")
 
 def read_deployment(path: str | Path, overrides: dict[str, Any] | None = None) -> tuple[DeploymentConfig, dict]:
     """The deployment file at ``path``, validated, with ``overrides`` (the command line's
-    ports, host, workers) applied; ConfigError naming the problem."""
+    ports, host, workers) applied; ConfigError naming the problem. The file is our JSON, or TF
+    Serving's text-format ``ModelServerConfig`` (:mod:`server.tfs_model_config`: its models, the
+    server's keys at their defaults), told apart by its first character."""
     from processor.config import read_json_file
 
-    data = read_json_file(str(path), "--config")  # ConfigError: unreadable, not UTF-8, not JSON
+    from .tfs_model_config import is_json, read_model_entries
+
+    try:
+        with open(path, "rb") as file:
+            head = file.read(4096)
+    except OSError:
+        head = b"{"  # read_json_file names the problem
+    if is_json(head):
+        data = read_json_file(str(path), "--config")  # ConfigError: unreadable, not UTF-8, not JSON
+    else:
+        data = {"models": read_model_entries(path, "--config")}
     if isinstance(data, dict):
         data.update({k: v for k, v in (overrides or {}).items() if v is not None})
     return DeploymentConfig.from_dict(data), data
@@ -236,7 +250,8 @@ class ModelSet:
     def _route(self, name: str, entry, report: dict[str, Any]) -> None:
         changes = entry.routing.model_dump()
         try:
-            self.runtime.models.get(name).update_routing(changes, require_served=False)
+            strict = not getattr(self.runtime.deployment, "allow_version_labels_for_unavailable_models", True)
+            self.runtime.models.get(name).update_routing(changes, require_served=strict)
             report["routing"].append(name)
         except Exception as exc:
             report["failed"][name] = as_processor_error(exc).message

@@ -29,7 +29,7 @@ from processor.echo import cut
 from processor.dataplane import DataPlane
 from processor.deployment import DeploymentConfig
 from processor.errors import ProcessorError, as_processor_error, edge_error
-from processor.request import PredictCall, PredictResult, answer_note_var
+from processor.request import PredictCall, PredictResult, answer_note_var, version_number
 from processor.memory_budget import MemoryBudget
 from processor.served_model import ModelRegistry, ServedModel
 
@@ -106,6 +106,7 @@ class ServingRuntime:
                       extra={"model": name, "code": err.code.name})
             return err
         self.metrics.observe_update(name, "start", time.monotonic() - started, ok=True)
+        self._drop_unavailable_labels(model)
         served = model.served_version()
         log.info("model %s ready, version %s (%.2f s)", name, served.label if served else "?",
                  time.monotonic() - started, extra={"model": name})
@@ -115,6 +116,24 @@ class ServingRuntime:
             except Exception:
                 log.exception("on_model_ready callback failed")
         return None
+
+    def _drop_unavailable_labels(self, model: ServedModel) -> None:
+        """With ``allow_version_labels_for_unavailable_models`` false (TF Serving's default), a
+        label naming a version that does not serve once ``model`` has loaded is not applied:
+        dropped, with TF Serving's error logged (TF Serving refuses such a config)."""
+        if getattr(self.deployment, "allow_version_labels_for_unavailable_models", True):
+            return
+        served = {version_number(v) for v in model.served_versions()}
+        labels = dict(model.version_labels)
+        dropped = {label: n for label, n in labels.items() if n not in served}
+        if not dropped:
+            return
+        for label, number in dropped.items():
+            log.error("Request to assign label to version %d of model %s, which is not currently available "
+                      "for inference (label %r not applied: allow_version_labels_for_unavailable_models is "
+                      "false)", number, model.name, label, extra={"model": model.name})
+        model.update_routing({"version_labels": {k: v for k, v in labels.items() if k not in dropped}},
+                             require_served=False)
 
     # --- the live model set (server/model_set.py) -------------------------------------------
 
@@ -346,7 +365,7 @@ class RequestTrack:
     def __init__(self, rt: ServingRuntime, model: str, protocol: str, api: str) -> None:
         self.rt, self.model, self.protocol, self.api = rt, model, protocol, api
 
-    def __enter__(self) -> None:
+    def __enter__(self) -> RequestTrack:
         self.started = time.perf_counter()
         self.entered = False
         rt = self.rt
@@ -361,6 +380,7 @@ class RequestTrack:
             self.__exit__(*sys.exc_info())
             raise
         self.entered = True
+        return self
 
     def __exit__(self, kind, exc, tb) -> None:
         rt, model = self.rt, self.model

@@ -56,7 +56,7 @@ from processor import shared_segments
 from processor.deployment import DeploymentConfig
 from processor.errors import ConfigError
 
-from .model_set import FileChanges, read_deployment
+from .model_set import FileChanges
 
 log = logging.getLogger("server")
 
@@ -103,13 +103,13 @@ class Supervisor:
 
     def __init__(self, deployment: DeploymentConfig, data: dict[str, Any],
                  ports_file: str | os.PathLike | None = None,
-                 announce: Callable[[str], None] | None = None, config_path: str | None = None,
-                 overrides: dict[str, Any] | None = None) -> None:
+                 announce: Callable[[str], None] | None = None, source: Any = None) -> None:
         self.deployment = deployment
         self.data = dict(data)
-        # the live model set: the file the server was started with, and the command line's keys
-        self._source = FileChanges(config_path) if config_path else None
-        self._config_path, self._overrides = config_path, dict(overrides or {})
+        # the live model set: the file the server was started with (a server.launch.Source: its
+        # path and its reader, the command line's keys applied)
+        self._source = FileChanges(source.path) if source is not None else None
+        self._read = source.read if source is not None else None
         self._hup = False
         self._next_poll = 0.0
         self.ports_file = Path(ports_file) if ports_file else None
@@ -241,7 +241,7 @@ class Supervisor:
         if not (self._source.changed() or forced):
             return
         try:
-            _, data = read_deployment(self._config_path, self._overrides)
+            _, data = self._read()
         except ConfigError as exc:
             log.error("deployment reload refused, the workers keep their models: %s", exc.message)
             return

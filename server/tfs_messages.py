@@ -73,6 +73,7 @@ class Messages:
     ModelVersionStatus: Any
     ReloadConfigRequest: Any
     ReloadConfigResponse: Any
+    ModelServerConfig: Any  # the text-format model config file's message (server/tfs_model_config.py)
     SignatureDef: Any
     TensorInfo: Any
     TensorShapeProto: Any
@@ -108,7 +109,8 @@ def _build() -> Messages:
         "PredictRequest", "PredictResponse", "ClassificationRequest", "ClassificationResponse",
         "RegressionRequest", "RegressionResponse", "MultiInferenceRequest", "MultiInferenceResponse",
         "GetModelMetadataRequest", "GetModelMetadataResponse", "SignatureDefMap", "GetModelStatusRequest",
-        "GetModelStatusResponse", "ModelVersionStatus", "ReloadConfigRequest", "ReloadConfigResponse")}
+        "GetModelStatusResponse", "ModelVersionStatus", "ReloadConfigRequest", "ReloadConfigResponse",
+        "ModelServerConfig")}
     code = pool.pool.FindEnumTypeByName("tensorflow.error.Code")
     return Messages(**serving, SignatureDef=cls("tensorflow.SignatureDef"), TensorInfo=cls("tensorflow.TensorInfo"),
                     TensorShapeProto=cls("tensorflow.TensorShapeProto"),

@@ -45,7 +45,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..config import ModelConfig
@@ -60,7 +60,7 @@ from ..store.version_watcher import VersionWatcher
 from .. import load_priority, memory
 from .loader import VersionLoader
 from ..memory_budget import MemoryBudget, default_budget
-from .policy import Action, Failure, next_action, record_failure
+from .policy import Action, Failure, Retries, next_action, record_failure
 from .servable_handle import ServableHandle
 from .model_state import ModelState, transition
 from .warmup import read_warmup_file
@@ -124,7 +124,8 @@ class ModelManager:
         """
         if self.loader is None:
             self.features = open_feature_store(self.config, self.name)
-            self.loader = VersionLoader(self.config, self.store, self.features, batching=self._batching)
+            self.loader = VersionLoader(self.config, self.store, self.features, batching=self._batching,
+                                        model=self.name)
         if self.config.warmup_file_name:
             self._warmup_file = read_warmup_file(self.config.warmup_file_name)
         timeout = self.config.init_timeout_minutes
@@ -165,15 +166,34 @@ class ModelManager:
                                delta_mode=self.config.delta_mode)
 
     def _start_versions(self, versions: list[ModelVersion]) -> None:
-        """The first loads, newest first (it is the default); raise when none serves."""
+        """The first loads, newest first (it is the default); raise when none serves. With
+        ``max_num_load_retries`` (TF Serving's) a failed first load is tried again, that many
+        times, before the next one."""
         errors: list[ProcessorError] = []
         for version in reversed(versions):
-            try:
-                self.load(version)
-            except ProcessorError as err:
-                errors.append(err)
+            while True:
+                try:
+                    self.load(version)
+                    break
+                except ProcessorError as err:
+                    if not self._wait_for_retry(version):
+                        errors.append(err)
+                        break
         if not self._handles:
             raise errors[0]
+
+    def _retries(self) -> Retries:
+        micros = self.config.load_retry_interval_micros
+        return Retries(self.config.max_num_load_retries, None if micros is None else micros / 1e6)
+
+    def _wait_for_retry(self, version: ModelVersion) -> bool:
+        """Whether a first load of ``version`` that failed is tried again (after waiting for its
+        retry): only under TF Serving's ``max_num_load_retries``, until given up."""
+        failure = self._failures.get(version)
+        if self.config.max_num_load_retries is None or failure is None or failure.given_up:
+            return False
+        self._clock.sleep(max(0.0, failure.retry_at - self._clock.monotonic()))
+        return self._state is not ModelState.CLOSED
 
     def reconcile(self, targets: ModelVersion | Sequence[ModelVersion]) -> None:
         """Make ``targets`` (one version or the policy's list) the served versions (full loads,
@@ -294,10 +314,14 @@ class ModelManager:
     def _record_failure(self, version: ModelVersion, err: ProcessorError) -> None:
         now = self._clock.monotonic()
         failure = record_failure(self._failures.get(version), err.message, now,
-                                 self.config.file_system_poll_wait_seconds)
+                                 self.config.file_system_poll_wait_seconds, self._retries())
         self._failures[version] = failure
         self.stats["failed_updates"] += 1
         self._note_error(err)
+        if failure.given_up:
+            log.warning("%s: version %s failed (attempt %d, max_num_load_retries reached: given up): %s",
+                        self.name, version.label, failure.attempts, err.message)
+            return
         log.warning("%s: version %s failed (attempt %d, retry in %.0f s): %s", self.name,
                     version.label, failure.attempts, failure.retry_at - now, err.message)
 

@@ -21,11 +21,14 @@ otherwise                                               ``APPLY_DELTA``     appl
 A failed version is retried with exponential backoff (:func:`retry_delay`: the poll interval,
 at least 1 s, doubled per attempt, at most :data:`MAX_BACKOFF_SECONDS`); a newer version is not
 in the failures, so it is tried at once. Every load or delta that serves a version clears its
-failure.
+failure. TF Serving's rule instead, where a model sets it (``max_num_load_retries``,
+``load_retry_interval_micros``, :class:`Retries`): every ``interval`` seconds, and after
+``max_retries`` retries the version is given up (``retry_at`` infinite: never tried again).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -46,12 +49,25 @@ class Action(StrEnum):
 
 
 @dataclass(frozen=True)
+class Retries:
+    """How a failed version is retried: ``max_retries`` times after the first failure (None: for
+    ever), every ``interval`` seconds (None: the backoff of :func:`retry_delay`)."""
+
+    max_retries: int | None = None
+    interval: float | None = None
+
+
+@dataclass(frozen=True)
 class Failure:
     """A version that failed: how often, when it may be tried again, and the last error."""
 
     attempts: int
-    retry_at: float
+    retry_at: float  # infinite: given up
     error: str
+
+    @property
+    def given_up(self) -> bool:
+        return math.isinf(self.retry_at)
 
 
 def needs_full_load(served: ModelVersion, target: ModelVersion) -> bool:
@@ -84,7 +100,11 @@ def retry_delay(attempts: int, poll_interval: float) -> float:
     return min(max(poll_interval, 1.0) * 2 ** (attempts - 1), MAX_BACKOFF_SECONDS)
 
 
-def record_failure(previous: Failure | None, error: str, now: float, poll_interval: float) -> Failure:
+def record_failure(previous: Failure | None, error: str, now: float, poll_interval: float,
+                   retries: Retries = Retries()) -> Failure:
     """The failure record after one more failed attempt (``previous``: the record so far)."""
     attempts = previous.attempts + 1 if previous else 1
-    return Failure(attempts, now + retry_delay(attempts, poll_interval), error)
+    if retries.max_retries is not None and attempts > retries.max_retries:
+        return Failure(attempts, math.inf, error)
+    delay = retries.interval if retries.interval is not None else retry_delay(attempts, poll_interval)
+    return Failure(attempts, now + delay, error)

@@ -193,8 +193,14 @@ class GrpcServer:
 
     def add_port(self, host: str, port: int, credentials: grpc.ServerCredentials | None = None) -> int:
         """Bind one more port (TLS with ``credentials``, else plaintext); returns the bound port."""
-        address = f"{_grpc_host(host)}:{port}"
+        return self._add(f"{_grpc_host(host)}:{port}", credentials, f"port {host}:{port}")
 
+    def add_unix_socket(self, path: str, credentials: grpc.ServerCredentials | None = None) -> None:
+        """Listen on the Unix domain socket ``path`` too (TF Serving's ``--grpc_socket_path``;
+        a stale socket file there is replaced); OSError when it cannot be bound."""
+        self._add(f"unix:{path}", credentials, f"socket {path}")
+
+    def _add(self, address: str, credentials: grpc.ServerCredentials | None, what: str) -> int:
         async def add() -> int:
             if credentials is None:
                 return self.server.add_insecure_port(address)
@@ -202,9 +208,9 @@ class GrpcServer:
         try:
             bound = self.run(add())
         except RuntimeError as exc:  # grpc.aio raises where the sync server returned 0
-            raise OSError(f"cannot bind the gRPC port {host}:{port}: {exc}") from None
+            raise OSError(f"cannot bind the gRPC {what}: {exc}") from None
         if bound == 0:
-            raise OSError(f"cannot bind the gRPC port {host}:{port}")
+            raise OSError(f"cannot bind the gRPC {what}")
         return bound
 
     def start(self) -> None:
@@ -280,17 +286,25 @@ def _new_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
-def create_grpc_server(rt: ServingRuntime, host: str, port: int,
-                       credentials: grpc.ServerCredentials | None = None) -> tuple[GrpcServer, int, Health]:
-    """A started-later :class:`GrpcServer` bound to ``host:port`` (0: a free port); returns the
-    port. With ``credentials`` (server/tls.py) the port speaks TLS."""
+def create_grpc_server(rt: ServingRuntime, host: str, port: int | None,
+                       credentials: grpc.ServerCredentials | None = None) -> tuple[GrpcServer, int | None, Health]:
+    """A started-later :class:`GrpcServer` bound to ``host:port`` (0: a free port; None: no TCP
+    port, a Unix socket only); returns the port. With ``credentials`` (server/tls.py) the port
+    speaks TLS."""
     server = GrpcServer(rt)
     health = Health(rt, server)
-    return server, server.add_port(host, port, credentials), health
+    return server, None if port is None else server.add_port(host, port, credentials), health
 
 
-def grpc_options(dep) -> list[tuple[str, int]]:
-    """The server's channel arguments: message size, metadata size and connection limits."""
+def grpc_options(dep) -> list[tuple[str, int | str]]:
+    """The server's channel arguments: message size, metadata size and connection limits, then
+    the deployment's ``grpc_channel_arguments`` (a key given there replaces ours)."""
+    ours = dict(_limits(dep))
+    ours.update(dep.grpc_channel_arguments)
+    return list(ours.items())
+
+
+def _limits(dep) -> list[tuple[str, int]]:
     return [
         ("grpc.max_receive_message_length", dep.max_request_bytes),
         ("grpc.max_send_message_length", -1),

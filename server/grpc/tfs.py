@@ -24,9 +24,10 @@ As TF Serving answers them:
   ``model_config_list`` becomes the whole served model list (:func:`server.repository.reload_config`);
   each ``ModelConfig``: ``name``, ``base_path`` -> ``savedmodel_dir``, ``model_version_policy``
   (latest / all / specific; none: latest 1, TF Serving's default) and ``version_labels``; a model
-  already known under that name keeps its other ``model_config`` keys (``session_num``...).
+  already known under that name keeps its other ``model_config`` keys (``session_num``...); the
+  mapping is :mod:`server.tfs_model_config`'s (the text-format model config file's too).
   ``model_platform`` other than ``tensorflow`` (or empty), or a ``custom_model_config``, is
-  INVALID_ARGUMENT; ``logging_config`` is ignored (logged). As TF Serving answers: OK with
+  INVALID_ARGUMENT; ``logging_config`` becomes the model's. As TF Serving answers: OK with
   ``status.error_code`` 0, else the error as the call's status (a bad config INVALID_ARGUMENT
   naming the key, nothing changed; a model that failed to load: its error, the others applied).
 
@@ -44,11 +45,11 @@ from typing import Any
 import grpc
 
 from processor.dtypes import DT_STRING
-from processor.echo import shorten
 from processor.errors import InvalidArgument
 from processor.request import PredictCall
 
 from .. import repository, tfs_inference, tfserving
+from ..tfs_model_config import model_entries
 from ..deadline import from_grpc
 from ..infer_forms import InferForms
 from ..runtime import ServingRuntime
@@ -97,38 +98,6 @@ def _form_key(request, name: str, version: int | None) -> tuple | None:
 
 def _first_task_model(request, context) -> str:
     return request.tasks[0].model_spec.name if request.tasks else ""
-
-
-def model_entries(config) -> list[dict[str, Any]]:
-    """A ``ModelServerConfig``'s models as our JSON model entries (see the module doc);
-    InvalidArgument naming the field TF Serving's config has and ours cannot take."""
-    if config.WhichOneof("config") != "model_config_list":
-        raise InvalidArgument("ServerModelConfig type not supported by HandleReloadConfigRequest. "
-                              "Only ModelConfigList is currently supported")
-    entries = []
-    for i, model in enumerate(config.model_config_list.config):
-        where = f"config.model_config_list.config[{i}]"
-        if model.model_platform not in ("", "tensorflow"):
-            raise InvalidArgument(f"{where}.model_platform: {shorten(model.model_platform, 80)} is not served; "
-                                  f"only \"tensorflow\" (SavedModels; ONNX models through the deployment file)")
-        if model.HasField("logging_config"):
-            log.warning("%s.logging_config of model %s ignored: request logging is the model_config's "
-                        "logging_config here", where, model.name)
-        entries.append({"name": model.name,
-                        "model_config": {"savedmodel_dir": model.base_path,
-                                         "model_version_policy": _version_policy(model.model_version_policy)},
-                        "version_labels": dict(model.version_labels)})
-    return entries
-
-
-def _version_policy(policy) -> dict[str, Any]:
-    """A ``ServableVersionPolicy`` in our JSON form (none set: latest 1, TF Serving's default)."""
-    kind = policy.WhichOneof("policy_choice")
-    if kind == "all":
-        return {"all": {}}
-    if kind == "specific":
-        return {"specific": {"versions": list(policy.specific.versions)}}
-    return {"latest": {"num_versions": (policy.latest.num_versions if kind == "latest" else 0) or 1}}
 
 
 class TfsService:

@@ -78,10 +78,11 @@ def _eas_reply(result) -> Reply:
 
 
 def eas_call(model: str, body: bytes | bytearray, headers: list, version: int | None = None,
-             label: str | None = None) -> PredictCall:
+             label: str | None = None, timeout_ms: int | None = None) -> PredictCall:
     """The call of a wire-format request whose whole body is in hand (the lean path): its
-    deadline counted from now, its routing key from its headers."""
-    return PredictCall(model, body, version, label, deadline=from_http_headers(headers),
+    deadline counted from now (``timeout_ms``: the default of its ``X-Request-Timeout-Ms``),
+    its routing key from its headers."""
+    return PredictCall(model, body, version, label, deadline=from_http_headers(headers, timeout_ms),
                        routing_key=routing_key(headers))
 
 
@@ -159,8 +160,15 @@ class PredictRoutes:
         self.json_limits = tfs_json.Limits(
             max_elements=getattr(dep, "json_max_elements", tfs_json.DEFAULT_MAX_ELEMENTS))
         self.json_budget = MemoryBudget(getattr(dep, "json_decode_memory_bytes", DEFAULT_BUDGET))
+        # a request without X-Request-Timeout-Ms gets this one (TF Serving's --rest_api_timeout_in_ms)
+        self.timeout_ms = getattr(dep, "http_request_timeout_ms", None)
         self._more: list[tuple[re.Pattern, Callable[[re.Match, Receive, list], Awaitable[Reply]],
                                Callable[[re.Match, list, int], Now | None] | None]] = []
+
+    def deadline(self, headers: list) -> float | None:
+        """A request's deadline: its ``X-Request-Timeout-Ms``, else ``http_request_timeout_ms``'s
+        (:func:`server.deadline.from_http_headers`)."""
+        return from_http_headers(headers, self.timeout_ms)
 
     def add(self, pattern: re.Pattern, handler: Callable[[re.Match, Receive, list], Awaitable[Reply]],
             lean: Callable[[re.Match, list, int], Now | None] | None = None) -> None:
@@ -194,7 +202,7 @@ class PredictRoutes:
         rt = self.rt
 
         async def work() -> Reply:
-            deadline = from_http_headers(headers)  # counted from the request's arrival
+            deadline = self.deadline(headers)  # counted from the request's arrival
             wanted = None if version is None else parse_version(version)
             body = await read_body(receive, headers, self.limit)
             return _eas_reply(await rt.predict_wire(PredictCall(model, body, wanted, label, deadline=deadline,
@@ -210,7 +218,7 @@ class PredictRoutes:
         rt = self.rt
 
         async def work() -> Reply:
-            return _eas_reply(await rt.predict_wire(eas_call(model, body, headers, *named)))
+            return _eas_reply(await rt.predict_wire(eas_call(model, body, headers, *named, timeout_ms=self.timeout_ms)))
         return await tracked(rt, model, "predict", work, error_reply)
 
     def lean_admit(self, url: bytes, headers: list) -> Now | Later | None:
@@ -275,7 +283,7 @@ class PredictRoutes:
         dataplane = self.rt.dataplane
 
         def work() -> Reply:
-            call = eas_call(model, body, headers, *named)
+            call = eas_call(model, body, headers, *named, timeout_ms=self.timeout_ms)
             return _eas_reply(dataplane.try_inline(call, self.inline_bytes) or dataplane.predict(call))
         return self.now_tracked(model, "predict", work)
 
@@ -286,7 +294,7 @@ class PredictRoutes:
         name, method = m.group(1), m.group(4).lower()
 
         async def work() -> Reply:
-            deadline = from_http_headers(headers)
+            deadline = self.deadline(headers)
             with self.json_budget.hold() as hold:
                 body = await read_body(receive, headers, self.json_limit, hold, self.json_setting)
                 args = self._tfs_args(m, body, deadline, hold, routing_key(headers))
@@ -324,7 +332,7 @@ class PredictRoutes:
         if rt.in_place(model, size):
             def now(body: bytes, headers: list) -> Reply:
                 def work() -> Reply:
-                    deadline = from_http_headers(headers)
+                    deadline = self.deadline(headers)
                     with budget.hold() as hold:
                         hold.need(len(body))
                         return run(body, deadline, hold, routing_key(headers))
@@ -333,7 +341,7 @@ class PredictRoutes:
 
         async def later(body: bytes | bytearray, headers: list) -> Reply:
             async def work() -> Reply:
-                deadline = from_http_headers(headers)
+                deadline = self.deadline(headers)
                 with budget.hold() as hold:
                     hold.need(len(body))
                     return await rt.run(model, run, body, deadline, hold, routing_key(headers))

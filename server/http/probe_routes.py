@@ -1,7 +1,8 @@
 """Probes and metrics: ``/healthz`` and ``/v2/health/live`` (liveness), ``/readyz`` and
 ``/v2/health/ready`` (every model loaded and warm, not draining; the versions each serves),
 ``/v2/models/{name}/ready``;
-Prometheus at ``/metrics`` and TF Serving's ``/monitoring/prometheus/metrics``; ``/`` names
+Prometheus at ``/metrics`` and TF Serving's ``/monitoring/prometheus/metrics`` (and at the
+deployment's ``prometheus_path``, a TF Serving MonitoringConfig's path, when set); ``/`` names
 the service and its models."""
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ def register_metrics(app: FastAPI, rt: ServingRuntime) -> None:
     @app.get("/monitoring/prometheus/metrics", tags=["metrics"], summary="Prometheus metrics (TF Serving path)")
     async def metrics() -> Response:
         return Response(rt.metrics.render(), media_type=METRICS_CONTENT_TYPE)
+    extra = getattr(rt.deployment, "prometheus_path", None)
+    if extra is not None and extra not in ("/metrics", "/monitoring/prometheus/metrics"):
+        app.add_api_route(extra, metrics, methods=["GET"], include_in_schema=False)
 
     @app.get("/", include_in_schema=False)
     async def index() -> dict:

@@ -31,12 +31,11 @@ Adapted, not changed in what they check:
 
 Not ported (features we do not serve), with the reason:
 
-* ``testBadModelConfig``, ``testModelConfigReload``, ``testModelConfigReloadWithZeroPollPeriod``:
-  the text-format ``--model_config_file`` and its reload; models come from the JSON deployment
-  file, read once (a bad one is refused at start: ``tests/unit/server/test_server_cli.py``).
-* ``testGoodGrpcChannelArgs``: the ``--grpc_channel_arguments`` flag; our channel options are
-  deployment keys (``grpc_max_concurrent_streams``, ...).
-* ``testPredictUDS``: gRPC over a Unix domain socket (``--grpc_socket_path``).
+* ``testBadModelConfig``, ``testModelConfigReload``, ``testModelConfigReloadWithZeroPollPeriod``,
+  ``testGoodGrpcChannelArgs``, ``testPredictUDS``: they need TF Serving's command line
+  (``--model_config_file`` and its polling, ``--grpc_channel_arguments``,
+  ``--grpc_socket_path``): ported in ``tests/e2e/test_tfserving_cli.py``, against
+  ``tensorflow_model_server`` (``server/tfs_cli.py``) started with TF Serving's own command lines.
 * ``testPredictOnTfLite``, ``testPredictWithSignatureDefOnTfLite``: TF Lite models.
 * ``test_profiler_service_with_valid_trace_request``: TensorFlow's profiler service (our traces
   are the ``timeline_*`` keys).

@@ -30,9 +30,11 @@ def real():
     from tensorflow.core.protobuf import error_codes_pb2, meta_graph_pb2
     from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2, get_model_status_pb2,
                                          inference_pb2, model_management_pb2, predict_pb2, regression_pb2)
+    from tensorflow_serving.config import model_server_config_pb2
 
     modules = (predict_pb2, classification_pb2, regression_pb2, inference_pb2, get_model_metadata_pb2,
-               get_model_status_pb2, model_management_pb2, meta_graph_pb2, tensor_shape_pb2)
+               get_model_status_pb2, model_management_pb2, model_server_config_pb2, meta_graph_pb2,
+               tensor_shape_pb2)
     out = {f.name: getattr(next(m for m in modules if hasattr(m, f.name)), f.name)
            for f in fields(tfs_messages.Messages) if f.name != "ErrorCode"}
     out["ErrorCode"] = error_codes_pb2.Code
