@@ -37,8 +37,19 @@ def initialize(model_entry: str, model_config: str) -> Processor:
         raise edge_error(exc, EDGE, log)  # its __cause__ is exc (or it is exc)
 
 
-def process(handle: Processor, data: bytes | memoryview) -> tuple[int, bytes]:
-    return handle.process(data)
+def direct_front(handle: Processor) -> object | None:
+    """The model's direct-path front as a capsule (``native/src/direct_api.h``), or None."""
+    try:
+        return handle.direct_capsule()
+    except Exception:  # the direct path is an optimization: without it every call is served
+        log.exception("the direct path is off for this model")
+        return None
+
+
+def process(handle: Processor, data: bytes | memoryview, direct_tried: bool = False) -> tuple[int, bytes]:
+    """``direct_tried``: the C shim's direct path did not take this request (so it is not tried
+    again here)."""
+    return handle.process(data, direct=not direct_tried)
 
 
 def batch_process(handle: Processor, requests: list[bytes | memoryview]) -> list[tuple[int, bytes]]:

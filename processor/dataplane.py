@@ -114,6 +114,14 @@ class DataPlane:
     def model_names(self) -> list[str]:
         return self._registry.names
 
+    def plain(self, model: str) -> bool:
+        """Whether a call to ``model`` naming no version needs nothing of this DataPlane but the
+        default version's group: no timeline, no prediction log, no shadow copy, no traffic
+        split (the C ABI's direct path may then bypass Python: :mod:`processor.processor`)."""
+        router = self._routers.get(model)
+        return (router is not None and model not in self._tracers and model not in self._loggers
+                and router.routing.shadow is None and not router.routing.arms)
+
     def predict(self, call: PredictCall) -> PredictResult:
         """Run one call (see the module doc); raises ProcessorError.
 

@@ -4,6 +4,15 @@
 Built once by :meth:`Processor.create`, which validates the config, loads and warms the model and
 raises ProcessorError on failure. ``process`` and ``serving_model_info`` never raise and are
 thread-safe.
+
+The direct path (a batching model, with the native extension): the C shim queues a request on
+the default version's native batching queue and waits for its batch without Python and without
+the GIL (``native/src/direct_front.h``), where the GIL changing hands per request would cost more
+than the batch saves; :meth:`process` from Python threads takes it too. Python keeps every decision: the front follows the default version
+(:meth:`~processor.manager.model_manager.ModelManager.follow_default`) and is given a lane only
+while the model's calls need nothing else (:meth:`DataPlane.plain`: no timeline, no prediction
+log, no shadow, no traffic split); whatever it does not take (an empty ping, a request the queue
+does not take or hands back, an update writing, a refusal) is served by :meth:`process`.
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ class Processor:
         self.config = self.model.config
         self.models = models
         self.dataplane = DataPlane(self.models)
+        self._direct = None  # the native DirectFront of the direct path (see the module doc)
 
     @property
     def manager(self):
@@ -63,14 +73,41 @@ class Processor:
         except BaseException:
             processor.close()  # stops the watcher, feature-store probes and the tracer's writer
             raise
+        processor._open_direct()
         _close_at_exit(processor)
         return processor
 
-    def process(self, data: bytes) -> tuple[int, bytes]:
+    def _open_direct(self) -> None:
+        """The direct path's front, kept on the default version's lane (see the module doc)."""
+        from . import native
+
+        if native.MODULE is None or self.model.batching is None:
+            return
+        front = self._direct = native.MODULE.DirectFront()
+
+        def follow(group) -> None:
+            plain = group is not None and self.dataplane.plain(self.name)
+            front.publish(group.open_direct_lane() if plain else None)
+        self.model.manager.follow_default(follow)
+
+    def direct_capsule(self) -> Any | None:
+        """The direct path's front as a capsule for the C shim (it keeps the front alive), or
+        None: every call goes through :meth:`process`."""
+        return self._direct.capsule() if self._direct is not None else None
+
+    def process(self, data: bytes, direct: bool = True) -> tuple[int, bytes]:
         """Serialized PredictRequest in; (200, PredictResponse) or (status, UTF-8 message) out.
 
         An empty request returns 200 and the signature as JSON (DeepRec's introspection ping).
+        A batching model's request takes the direct path first (see the module doc): Python
+        callers too then wait for their batch without the GIL. ``direct`` False: it was tried
+        (the C shim's) and did not take this request.
         """
+        front = self._direct if direct else None
+        if front is not None and data:
+            answer = front.serve(data)
+            if answer is not None:
+                return OK, answer
         try:
             return OK, self.dataplane.predict(wire_call(self.name, data)).outputs
         except Exception as exc:
@@ -107,8 +144,12 @@ class Processor:
             return _answer(edge_error(exc, EDGE, log))
 
     def model_info(self) -> dict[str, Any]:
-        """Everything a user may want to know: version, signature, sessions, pinning, settings."""
-        return self.model.info()
+        """Everything a user may want to know: version, signature, sessions, pinning, settings;
+        ``direct``: the direct path's counts (calls answered, and not taken), when it exists."""
+        info = self.model.info()
+        if self._direct is not None:
+            info["direct"] = self._direct.stats()
+        return info
 
     def close(self) -> None:
         self.models.drain()  # runs the requests still queued for a batch

@@ -27,6 +27,10 @@
 /* Set once under the GIL, read with atomics; the function objects are immortal for us. */
 static int g_ready;
 static PyObject* g_fns[SP_FN_COUNT];
+/* The direct path (native/src/direct_api.h), optional: processor.abi.direct_front, and the table
+ * of processor._native (whose module is kept imported, so the table stays valid). */
+static PyObject* g_direct_front_fn;
+static const sp_direct_api* g_direct_api;
 
 static const char* const g_fn_names[SP_FN_COUNT] = {
     [SP_FN_INITIALIZE] = "initialize",
@@ -235,6 +239,39 @@ static void add_project_root(void) {
   PyErr_Clear();
 }
 
+/* The direct path's parts, where both exist (a stand-in module has none): every call then goes
+ * through processor.abi. Nothing here fails the load. */
+static void load_direct_path(PyObject* abi) {
+  PyObject* fn = PyObject_GetAttrString(abi, "direct_front");
+  PyObject* native = fn != NULL ? PyImport_ImportModule("processor._native") : NULL;
+  PyObject* table = native != NULL ? PyObject_GetAttrString(native, "direct_api") : NULL;
+  const sp_direct_api* api =
+      table != NULL ? (const sp_direct_api*)PyCapsule_GetPointer(table, SP_DIRECT_API_CAPSULE) : NULL;
+  PyErr_Clear();
+  Py_XDECREF(table);
+  if (fn != NULL && api != NULL && api->abi == SP_DIRECT_ABI && PyCallable_Check(fn)) {
+    g_direct_front_fn = fn; /* both kept for the life of the process */
+    __atomic_store_n(&g_direct_api, api, __ATOMIC_RELEASE);
+  } else {
+    Py_XDECREF(fn);
+    Py_XDECREF(native);
+  }
+}
+
+const sp_direct_api* sp_direct_api_table(void) { return __atomic_load_n(&g_direct_api, __ATOMIC_ACQUIRE); }
+
+PyObject* sp_direct_front(PyObject* handle, void** front) {
+  if (g_direct_front_fn == NULL) return NULL;
+  PyObject* capsule = PyObject_CallOneArg(g_direct_front_fn, handle);
+  if (capsule == NULL || !PyCapsule_IsValid(capsule, SP_DIRECT_FRONT_CAPSULE)) {
+    PyErr_Clear(); /* None (no direct path for this model), or something else: not used */
+    Py_XDECREF(capsule);
+    return NULL;
+  }
+  *front = PyCapsule_GetPointer(capsule, SP_DIRECT_FRONT_CAPSULE);
+  return capsule;
+}
+
 int sp_load_module(char* err, size_t errlen) {
   if (sp_runtime_ready()) return 0;
   add_project_root();
@@ -270,6 +307,7 @@ int sp_load_module(char* err, size_t errlen) {
       g_fns[i] = fns[i];
       fns[i] = NULL;
     }
+    load_direct_path(mod);
     __atomic_store_n(&g_ready, 1, __ATOMIC_RELEASE);
   }
   rc = 0;

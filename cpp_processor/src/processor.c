@@ -116,11 +116,13 @@ static void release_request(PyObject* view) {
 
 /*
  * Calls processor.abi's `fn` on the model behind model_buf -- fn(handle, view of input), or
- * fn(handle) when input is NULL -- and turns its (status, payload) into the outputs. An unknown
- * handle is answered with 400. The caller has checked its arguments (check_call).
+ * fn(handle) when input is NULL; with `direct_tried`, fn(handle, view, True): the direct path
+ * did not take it, so Python does not try it again -- and turns its (status, payload) into the
+ * outputs. An unknown handle is answered with 400. The caller has checked its arguments
+ * (check_call).
  */
 static int call_model(void* model_buf, sp_fn_id fn, const char* fn_name, const char* input,
-                      int input_size, void** out, int* out_size) {
+                      int input_size, int direct_tried, void** out, int* out_size) {
   if (!sp_runtime_ready())
     return sp_c_error(out, out_size, PROCESSOR_STATUS_BAD_REQUEST,
                       SP_PREFIX "unknown model handle (no model was initialized)");
@@ -131,12 +133,12 @@ static int call_model(void* model_buf, sp_fn_id fn, const char* fn_name, const c
     status = sp_c_error(out, out_size, PROCESSOR_STATUS_BAD_REQUEST,
                         SP_PREFIX "unknown or finalized model handle");
   } else {
-    PyObject* args[2] = {model->handle, NULL};
+    PyObject* args[3] = {model->handle, NULL, Py_True};
     Py_INCREF(args[0]); /* a concurrent finalize() cannot free it under us */
     size_t nargs = 1;
     if (input != NULL) {
       args[1] = borrow_request(input, input_size);
-      nargs = 2;
+      nargs = direct_tried ? 3 : 2;
     }
     PyObject* res = NULL;
     if (input == NULL || args[1] != NULL) res = PyObject_Vectorcall(sp_fn(fn), args, nargs, NULL);
@@ -159,8 +161,14 @@ PROCESSOR_API int process(void* model_buf, const void* input_data, int input_siz
   if (input_data == NULL && input_size > 0)
     return sp_c_error(output_data, output_size, PROCESSOR_STATUS_BAD_REQUEST,
                       SP_PREFIX "input_data is NULL but input_size is %d", input_size);
+  /* A batching model's requests first try the direct path: queued on the native batching
+   * queue without the GIL (processor/processor.py); what it does not take goes to Python. */
+  int direct = input_size > 0 && sp_runtime_ready() && sp_direct_api_table() != NULL;
+  if (direct && sp_direct_serve(model_buf, input_data, input_size, output_data, output_size) ==
+                    PROCESSOR_STATUS_OK)
+    return PROCESSOR_STATUS_OK;
   return call_model(model_buf, SP_FN_PROCESS, "processor.abi.process",
-                    input_size > 0 ? (const char*)input_data : "", input_size, output_data,
+                    input_size > 0 ? (const char*)input_data : "", input_size, direct, output_data,
                     output_size);
 }
 
@@ -287,7 +295,7 @@ PROCESSOR_API int batch_process(void* model_buf, int count, const void* const* i
 PROCESSOR_API int get_serving_model_info(void* model_buf, void** output_data, int* output_size) {
   int rc = check_call(model_buf, output_data, output_size);
   if (rc != 0) return rc;
-  return call_model(model_buf, SP_FN_INFO, "processor.abi.get_serving_model_info", NULL, 0,
+  return call_model(model_buf, SP_FN_INFO, "processor.abi.get_serving_model_info", NULL, 0, 0,
                     output_data, output_size);
 }
 
@@ -303,6 +311,7 @@ PROCESSOR_API void finalize(void* model_buf) {
       fprintf(stderr, SP_PREFIX "finalize failed: %s\n", msg);
     }
     Py_XDECREF(res);
+    Py_XDECREF(model->direct_capsule);
     Py_DECREF(model->handle);
     free(model);
   }

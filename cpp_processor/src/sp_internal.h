@@ -18,6 +18,7 @@
 
 #include <stddef.h>
 
+#include "direct_api.h" /* processor._native's direct path (native/src/direct_api.h) */
 #include "processor.h"
 
 #define SP_PREFIX "[serving_processor] "
@@ -88,10 +89,20 @@ int sp_internal_error(void** out, int* out_size, const char* fmt, ...)
  * pending exception). Does not consume `res`. */
 int sp_take_result(PyObject* res, const char* fn, void** out, int* out_size);
 
-/* --- registry.c (GIL held) -------------------------------------------------------------- */
+/* The direct path's table (processor._native.direct_api), or NULL: the module or the table is
+ * missing or of another SP_DIRECT_ABI (every call then goes through processor.abi). */
+const sp_direct_api* sp_direct_api_table(void);
+
+/* processor.abi.direct_front(handle): the model's direct-path front as a capsule (a new
+ * reference) and its address in *front; NULL (nothing set) where the model has none. */
+PyObject* sp_direct_front(PyObject* handle, void** front);
+
+/* --- registry.c (GIL held, but for sp_direct_serve) ----------------------------------------- */
 
 typedef struct sp_model {
-  PyObject* handle; /* what processor.abi.initialize returned */
+  PyObject* handle;         /* what processor.abi.initialize returned */
+  PyObject* direct_capsule; /* the direct path's front (keeps it alive), or NULL */
+  void* direct_front;       /* its address, for sp_direct_api_table()->serve */
   struct sp_model* next;
 } sp_model;
 
@@ -102,7 +113,13 @@ sp_model* sp_add_model(PyObject* handle);
 /* The registered model at address p, or NULL (never initialized, or finalized). */
 sp_model* sp_find_model(void* p);
 
-/* Removes the model at address p from the registry and returns it (NULL if unknown). */
+/* Removes the model at address p from the registry and returns it (NULL if unknown); waits
+ * (without the GIL) for the direct calls on it to end. */
 sp_model* sp_unlink_model(void* p);
+
+/* A process() call on the direct path, without the GIL: 200 with the response in *out, or 0
+ * (not taken: no such model, no direct front, or the front did not take it; serve it through
+ * processor.abi). The registry's read lock is held for the call, so finalize() waits for it. */
+int sp_direct_serve(void* p, const void* data, int size, void** out, int* out_size);
 
 #endif /* SP_INTERNAL_H_ */

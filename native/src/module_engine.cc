@@ -8,6 +8,10 @@
 //   Batcher(plan, engine | runner, budget, ...)       one version's batching queue (batcher.h)
 //   Batcher.submit(data, deadline, notify_fd=-1) -> BatchTicket  queue a request; ticket.wait() its answer
 //   Batcher.stats() / close()
+//   DirectLane(batcher).close() / open()               one version's door for the C ABI's direct path
+//   DirectFront().publish(lane | None) / serve(data) / capsule() / stats()   a model's current lane
+//                                                       (direct_front.h)
+//   direct_api                                          the C table the C shim calls (direct_api.h)
 //
 // None means "not taken": the caller serves the request through the Python reference path.
 // Every method is thread-safe.
@@ -23,6 +27,7 @@
 #include <utility>
 
 #include "batcher.h"
+#include "direct_front.h"
 #include "module_engine.h"
 #include "ort_engine.h"
 
@@ -335,6 +340,37 @@ nb::dict batcher_stats(const PyBatcher& self) {
   return d;
 }
 
+// A DirectLane and the Batcher object it is in front of (kept alive with it).
+struct PyDirectLane {
+  std::shared_ptr<sp::DirectLane> lane;
+  nb::object batcher;
+};
+
+struct PyDirectFront {
+  sp::DirectFront front;
+};
+
+void make_lane(PyDirectLane* self, nb::handle batcher) {
+  PyBatcher& b = nb::cast<PyBatcher&>(batcher);
+  new (self) PyDirectLane{std::make_shared<sp::DirectLane>(b.batcher.get()), nb::borrow(batcher)};
+}
+
+// The front's address as a capsule for the C shim, which keeps the front alive by holding it
+// (the capsule's context is a reference to the front's Python object).
+nb::object front_capsule(nb::pointer_and_handle<PyDirectFront> self) {
+  PyObject* capsule = PyCapsule_New(&self.p->front, SP_DIRECT_FRONT_CAPSULE, [](PyObject* c) {
+    Py_XDECREF(static_cast<PyObject*>(PyCapsule_GetContext(c)));
+  });
+  if (capsule == nullptr) throw nb::python_error();
+  Py_INCREF(self.h.ptr());
+  if (PyCapsule_SetContext(capsule, self.h.ptr()) != 0) {
+    Py_DECREF(self.h.ptr());
+    Py_DECREF(capsule);
+    throw nb::python_error();
+  }
+  return nb::steal(capsule);
+}
+
 }  // namespace
 
 void bind_engine(nb::module_& m) {
@@ -382,6 +418,50 @@ void bind_engine(nb::module_& m) {
              self.batcher->close();
            },
            "run what is queued, refuse the rest, stop the threads");
+  nb::class_<PyDirectLane>(m, "DirectLane")
+      .def("__init__", &make_lane, nb::arg("batcher"),
+           "one version's door to its Batcher for the C ABI's direct path (native/src/direct_front.h)")
+      .def("close",
+           [](PyDirectLane& self) {
+             nb::gil_scoped_release nogil;  // the callers inside may wait for a batch that needs the GIL
+             self.lane->close();
+           },
+           "let no direct call in; returns once every call inside has left")
+      .def("open", [](PyDirectLane& self) { self.lane->open(); }, "let direct calls in again");
+  nb::class_<PyDirectFront>(m, "DirectFront")
+      .def(nb::init<>())
+      .def("publish",
+           [](PyDirectFront& self, nb::handle lane) {
+             self.front.publish(lane.is_none() ? nullptr : nb::cast<PyDirectLane&>(lane).lane);
+           },
+           nb::arg("lane").none(), "the lane direct calls take from now on (None: none)")
+      .def("capsule", &front_capsule, "the front for the C shim (a capsule that keeps it alive)")
+      .def("serve",
+           [](PyDirectFront& self, nb::handle data) -> nb::object {
+             Borrowed in(data);
+             std::string response;
+             int status;
+             {
+               nb::gil_scoped_release nogil;  // queued and awaited without Python
+               status = self.front.serve(in.data(), in.size(), [&](const std::string& r) {
+                 response = r;
+                 return true;
+               });
+             }
+             if (status != 200) return nb::none();
+             return nb::bytes(response.data(), response.size());
+           },
+           nb::arg("data"),
+           "serialized PredictRequest bytes on the published lane, without the GIL: the "
+           "PredictResponse bytes, or None: not taken (serve it through Python)")
+      .def("stats", [](const PyDirectFront& self) {
+        nb::dict d;
+        d["served"] = self.front.served();
+        d["not_taken"] = self.front.not_taken();
+        return d;
+      }, "direct calls answered, and not taken (served through Python)");
+  m.attr("direct_api") = nb::steal(PyCapsule_New(const_cast<sp_direct_api*>(&sp::kDirectApi),
+                                                 SP_DIRECT_API_CAPSULE, nullptr));
 }
 
 }  // namespace sp::py

@@ -62,6 +62,7 @@ class SessionGroup:
         # This version's native batching queue (closed before the backend), on the model's row
         # budget, when the model batches (``batching``: its ModelBatching) and the queue can serve.
         self.batch_queue = batching.open_queue(backend, self.codec) if batching is not None else None
+        self._direct_lane = None  # its door for the C ABI's direct path (open_direct_lane), made on demand
         # serve() runs the whole request in native code without the GIL (the ONNX Runtime native
         # engine): an event loop may call it in place for small requests (DataPlane.try_inline)
         self.serves_natively = self._wire_server is not None and getattr(backend, "native_engine", None) is not None
@@ -149,6 +150,20 @@ class SessionGroup:
         calls the backend without entering it)."""
         return self._gate
 
+    def open_direct_lane(self) -> Any | None:
+        """This version's door to its native batching queue for callers that bypass Python (the C
+        ABI's direct path: ``native/src/direct_front.h``), made once; None without a native
+        queue. A delta closes it while it writes (:meth:`apply_delta`), :meth:`close` for good
+        before the queue closes. Thread-safe."""
+        queue = self.batch_queue
+        if queue is None:
+            return None
+        if self._direct_lane is None:
+            from .. import native
+
+            self._direct_lane = native.MODULE.DirectLane(queue)
+        return self._direct_lane
+
     def batch_stats(self) -> dict[str, Any] | None:
         """The native queue's counters (added into :class:`BatchStats`' snapshot), or None."""
         return self.batch_queue.stats() if self.batch_queue is not None else None
@@ -190,9 +205,16 @@ class SessionGroup:
         """Write a checked delta into the live weights; return the seconds requests were held."""
         started = time.monotonic()
         gate = self._gate
-        with gate.exclusive():
-            gate.apply(delta.step, lambda: self.backend.apply_delta(delta))  # skipped if another worker wrote it
-            self.version = version
+        lane = self._direct_lane
+        if lane is not None:  # direct calls bypass the gate: they wait for the delta in Python
+            lane.close()
+        try:
+            with gate.exclusive():
+                gate.apply(delta.step, lambda: self.backend.apply_delta(delta))  # skipped if another worker wrote it
+                self.version = version
+        finally:
+            if lane is not None:
+                lane.open()
         return time.monotonic() - started
 
     def memory(self) -> dict[str, int]:
@@ -225,6 +247,8 @@ class SessionGroup:
         }
 
     def close(self) -> None:
+        if self._direct_lane is not None:
+            self._direct_lane.close()  # the direct calls inside leave before their queue closes
         if self.batch_queue is not None:
             self.batch_queue.close()  # no request is left (they hold the handle); stops its threads
             self.batch_queue = None

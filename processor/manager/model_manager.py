@@ -105,6 +105,7 @@ class ModelManager:
         self.loader: VersionLoader | None = loader
         self._batching = batching  # the model's ModelBatching, for each group's native queue
         self._budget = budget if budget is not None else default_budget()  # the fit check before loads
+        self._on_default: list[Callable[[SessionGroup | None], None]] = []  # follow_default's
 
     @property
     def state(self) -> ModelState:
@@ -257,6 +258,23 @@ class ModelManager:
 
     def _set_default(self) -> None:
         self._current = self._handles[max(self._handles)] if self._handles else None
+        self._tell_default()
+
+    def follow_default(self, listener: Callable[[SessionGroup | None], None]) -> None:
+        """Tell ``listener`` the default version's group (None: none serves) now and each time
+        it changes, under the manager's lock: for what must follow the default without a
+        request's help (the C ABI's direct path). It must be quick; its errors are logged."""
+        with self._lock:
+            self._on_default.append(listener)
+            self._tell_default([listener])
+
+    def _tell_default(self, listeners: list | None = None) -> None:
+        group = self._current.group if self._current is not None else None
+        for listener in self._on_default if listeners is None else listeners:
+            try:
+                listener(group)
+            except Exception:  # a listener's bug must not fail a load
+                log.exception("%s: a default-version listener failed", self.name)
 
     def _load_locked(self, version: ModelVersion, pinned: bool = False) -> None:
         if self._current is None:
@@ -380,6 +398,7 @@ class ModelManager:
             old, self._current = list(self._handles.values()), None
             self._handles = {}
             self._to(ModelState.CLOSED)
+            self._tell_default()
         for handle in old:
             handle.retire()
         if self.features is not None:

@@ -4,7 +4,10 @@ with ctypes into this process (the library joins this interpreter), on both back
 ``batch_process`` with batching on answers what ``process`` answers one request at a time
 without batching (same statuses; the same outputs within float rounding, since a merged matmul
 may round differently); a bad request among them fails alone, with the same message. Concurrent
-``process`` calls on a batching handle are merged too. The C ABI has no model info beyond the
+``process`` calls on a batching handle are merged too, on the direct path (queued on the native
+queue from C, without the GIL: ``processor/processor.py``), which follows the served version
+through a pin and a rollback, steps aside for an update and for a traced model, and leaves what
+it does not take (a ping, a bad request) to Python. The C ABI has no model info beyond the
 checkpoint path, so the merged batches are read from the ``Processor`` behind the handle, which
 lives in this interpreter.
 """
@@ -133,3 +136,70 @@ def test_concurrent_process_calls_on_a_batching_handle_are_merged(native, handle
     merged = after["requests"] - before["requests"]
     assert merged == len(requests) and after["batches"] - before["batches"] < merged, after
     assert after["native_queue"] is True
+
+
+def concurrent(native, handle, requests: dict, threads_n: int) -> dict:
+    """Every request of ``requests`` ((thread, call) -> bytes) through ``process`` from its thread."""
+    results: dict = {}
+    start = threading.Barrier(threads_n)
+
+    def worker(t: int) -> None:
+        start.wait()
+        for (tt, c), data in sorted(requests.items()):
+            if tt == t:
+                results[tt, c] = native.process(handle, data)
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(threads_n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return results
+
+
+def test_the_direct_path_answers_batched_calls_and_leaves_the_rest_to_python(native, handles):
+    plain, batched, processor = handles
+    before = processor.model_info()["direct"]
+    requests = {(t, c): codec.encode_request(demo_inputs(1 + c % 2, seed=900 + t * 3 + c))
+                for t in range(6) for c in range(3)}
+    requests[0, 0], requests[1, 1] = b"", bad_dtype()  # a ping and a bad request: Python's
+    expected = {key: native.process(plain, data) for key, data in requests.items()}
+    results = concurrent(native, batched, requests, 6)
+    for key, want in expected.items():
+        assert_same_answer(results[key], want, f"call {key}")
+    after = processor.model_info()["direct"]
+    # the ping never reaches the front (empty); the bad request is refused by the queue's checks
+    assert after["served"] - before["served"] == len(requests) - 2, (before, after)
+    assert after["not_taken"] - before["not_taken"] == 1, (before, after)
+
+
+def test_the_direct_path_follows_the_served_version_and_steps_aside_for_an_update(native, handles, ctr_model_small):
+    plain, batched, processor = handles
+    manager = processor.manager
+    steps = sorted({int(p.name.rsplit("-", 1)[1]) for p in ctr_model_small.checkpoint_prefixes})
+    request = codec.encode_request(demo_inputs(2, seed=31))
+    try:
+        answers = {}
+        for step in steps:  # each version in turn: the direct path answers as that version does
+            manager.pin(step)
+            want = codec.decode_response(processor.process(request, direct=False)[1])  # through the DataPlane
+            served = processor.model_info()["direct"]["served"]
+            got = native.process(batched, request)
+            assert got[0] == 200 and processor.model_info()["direct"]["served"] == served + 1
+            answers[step] = codec.decode_response(got[1])
+            assert_outputs_close(answers[step], want, f"step {step}")
+        first, last = answers[steps[0]], answers[steps[-1]]
+        assert any(not np.allclose(first[k], last[k]) for k in first), "the versions answer alike"
+        # an update in progress: the lane closes (direct calls wait at the update gate in Python)
+        with manager.acquire() as live:
+            lane = live.open_direct_lane()
+            lane.close()
+            try:
+                served = processor.model_info()["direct"]["served"]
+                assert native.process(batched, request)[0] == 200  # answered through Python
+                assert processor.model_info()["direct"]["served"] == served
+            finally:
+                lane.open()
+        assert native.process(batched, request)[0] == 200
+        assert processor.model_info()["direct"]["served"] == served + 1
+    finally:
+        manager.unpin()

@@ -98,3 +98,26 @@ def test_a_served_model_is_built_from_its_parts_and_delegates_to_its_manager():
     model.reload()
     assert manager.actions == ["rollback", "pin 7", "unpin", "reload"]
     model.close()
+
+
+def test_plain_says_when_a_call_needs_nothing_but_the_default_group():
+    """The C ABI's direct path bypasses the DataPlane only for a model that is plain: no
+    timeline, no prediction log, no shadow, no traffic split."""
+    from processor.routing import RoutingSettings
+
+    class Tracer:
+        done = False
+
+    models = {
+        "plain": ServedModel("plain", CONFIG, manager=FakeManager("plain")),
+        "traced": ServedModel("traced", CONFIG, manager=FakeManager("traced"), tracer=Tracer()),
+        "logged": ServedModel("logged", CONFIG, manager=FakeManager("logged"), prediction_log=object()),
+        "split": ServedModel("split", CONFIG, manager=FakeManager("split"), routing=RoutingSettings(
+            version_labels={"a": 1, "b": 2}, traffic={"a": 90, "b": 10})),
+        "shadowed": ServedModel("shadowed", CONFIG, manager=FakeManager("shadowed"), routing=RoutingSettings(
+            version_labels={"canary": 2}, shadow={"label": "canary", "fraction": 0.5})),
+    }
+    plane = DataPlane(ModelRegistry(models.values()))
+    assert {name: plane.plain(name) for name in models} == {
+        "plain": True, "traced": False, "logged": False, "split": False, "shadowed": False}
+    assert plane.plain("unknown") is False

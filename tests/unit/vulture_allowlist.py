@@ -12,7 +12,7 @@ _ = object()
 
 # C ABI: cpp_processor/src/bridge.c looks these up on processor.abi by name.
 ABI_VERSION
-initialize, process, batch_process, get_serving_model_info, finalize
+initialize, process, batch_process, get_serving_model_info, finalize, direct_front
 
 # Keys of the model config accepted for DeepRec compatibility and validated, never read
 # (processor/config.py: IGNORED_KEYS, the sharding and serialize_protocol keys).
