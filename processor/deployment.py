@@ -194,6 +194,10 @@ class DeploymentConfig(BaseModel):
     # applied (refused on a reload, dropped from a model that loads) and the error logged
     # (--allow_version_labels_for_unavailable_models; true, ours: such a label waits for it)
     allow_version_labels_for_unavailable_models: bool = True
+    # tensorflow.ProfilerService on the gRPC port, for the TensorFlow models (--enable_profiler,
+    # server/grpc/profiler.py). False here (TF Serving's flag: true): TensorFlow's profiler server
+    # behind it listens on every interface, plaintext, whatever host and TLS say
+    enable_profiler: bool = False
 
     @model_validator(mode="after")
     def _tfs_flags(self) -> DeploymentConfig:

@@ -48,6 +48,9 @@ we serve no equivalent of refused by name) and its model config file become a
 ``--allow_version_labels_for_unavailable_``     the deployment key of that name
 ``models``
 ``--enable_serialization_as_tensor_content``   every model's key of that name
+``--enable_profiler``                          ``enable_profiler`` (true by default, TF Serving's:
+                                               ``tensorflow.ProfilerService`` on the gRPC port,
+                                               :mod:`server.grpc.profiler`)
 ``--enable_model_warmup``,                     served at the values that are ours (true,
 ``--saved_model_tags``,                        ``serve``; the health service always serves; no
 ``--enable_grpc_healthcheck_service``,         file system cache is kept)
@@ -173,6 +176,7 @@ def translate(flags: Flags, tr: Translation) -> Translation:
            "model_config_file_poll_wait_seconds")
     tr.set(flags, "allow_version_labels_for_unavailable_models", flags.allow_version_labels_for_unavailable_models,
            "allow_version_labels_for_unavailable_models")
+    tr.set(flags, "enable_profiler", flags.enable_profiler, "enable_profiler")
     if flags.grpc_channel_arguments:
         tr.set(flags, "grpc_channel_arguments", channel_arguments(flags.grpc_channel_arguments),
                "grpc_channel_arguments")

@@ -93,6 +93,7 @@ FLAGS: dict[str, Flag] = {
     "monitoring_config_file": Flag("string", "", "text-format MonitoringConfig: Prometheus path"),
     "enable_serialization_as_tensor_content": Flag("bool", False, "Predict outputs as tensor_content"),
     "enable_grpc_healthcheck_service": Flag("bool", False, "the gRPC health service (always served here)"),
+    "enable_profiler": Flag("bool", True, "tensorflow.ProfilerService on the gRPC port (enable_profiler)"),
     "flush_filesystem_caches": Flag("bool", True, "no file system cache is kept here: either value holds"),
     "version": Flag("bool", False, "print the version and exit"),
     # --- ours -------------------------------------------------------------------------------------
@@ -130,9 +131,6 @@ FLAGS: dict[str, Flag] = {
         "bool", False, "SignatureDef method name check", "signature method names are not checked"),
     "xla_cpu_compilation_enabled": _off("bool", False, "XLA:CPU JIT", "XLA JIT compilation is not enabled"),
     "xla_gpu_compilation_enabled": _off("bool", False, "XLA:GPU JIT", "XLA JIT compilation is not enabled"),
-    # on in TF Serving by default; refused here when asked for explicitly
-    "enable_profiler": Flag("bool", True, "the profiler service", _only(False),
-                            "TensorFlow's profiler service is not served (traces: the timeline_* keys)"),
     "thread_pool_factory_config_file": _off(
         "string", "", "ThreadPoolConfig", "custom thread pool factories are not served"),
     "mixed_precision": _off("string", "", "mixed precision", "mixed precision rewriting is not served"),

@@ -24,6 +24,9 @@ Services:
   ``admin_client_cert``): UNAUTHENTICATED without a token, PERMISSION_DENIED with a wrong one or
   none configured; each call is logged with the caller's address and runs on the default executor.
   Like the HTTP admin routes they are not counted in the request metrics.
+* ``tensorflow.ProfilerService`` (TensorBoard's "Capture profile", ``tf.profiler.experimental.client.trace``)
+  with ``enable_profiler``: forwarded to TensorFlow's own profiler server in this process
+  (:mod:`.profiler`); UNIMPLEMENTED when off or when no model serves on TensorFlow.
 * ``grpc.health.v1.Health``: ``""`` is SERVING when every model is ready; each service name when
   at least one model is; each model name when that model is; all NOT_SERVING while draining.
 
@@ -63,6 +66,7 @@ from ..repository import off_loop
 from ..runtime import ServingRuntime
 from . import tfs, v2
 from .interceptor import EdgeInterceptor, Method, Service, metadata, metadata_values
+from .profiler import ProfilerForward
 
 log = logging.getLogger("server.grpc")
 
@@ -177,7 +181,9 @@ class GrpcServer:
 
         async def create() -> grpc.aio.Server:  # grpc.aio binds a server to the running loop
             return grpc.aio.server(
-                handlers=[service.generic_handler() for service in ours],
+                # TensorFlow's profiler: forwarded as it came, outside the interceptor (.profiler)
+                handlers=[*(service.generic_handler() for service in ours),
+                          ProfilerForward(rt).generic_handler()],
                 interceptors=[EdgeInterceptor(rt, methods)],
                 options=grpc_options(dep),
                 maximum_concurrent_rpcs=dep.grpc_max_concurrent_rpcs)

@@ -37,8 +37,9 @@ Not ported (features we do not serve), with the reason:
   ``--grpc_socket_path``): ported in ``tests/e2e/test_tfserving_cli.py``, against
   ``tensorflow_model_server`` (``server/tfs_cli.py``) started with TF Serving's own command lines.
 * ``testPredictOnTfLite``, ``testPredictWithSignatureDefOnTfLite``: TF Lite models.
-* ``test_profiler_service_with_valid_trace_request``: TensorFlow's profiler service (our traces
-  are the ``timeline_*`` keys).
+* ``test_profiler_service_with_valid_trace_request``: it needs ``--enable_profiler`` (on in TF
+  Serving, off in our deployment files): ported in ``tests/e2e/test_tfserving_profiler.py``,
+  against ``tensorflow_model_server``.
 * ``test_tf_text``: its ``tf_text_regression`` model needs the tensorflow-text ops, not installed
   (``custom_op_libraries`` loads such libraries: ``test_tfserving_custom_ops.py``).
 * ``test_sequential_keras_saved_model_save``, ``test_distrat_sequential_keras_saved_model_save``:

@@ -42,7 +42,7 @@ SERVED = """port rest_api_port model_name model_base_path model_config_file mode
 file_system_poll_wait_seconds enable_batching batching_parameters_file monitoring_config_file ssl_config_file
 grpc_socket_path grpc_channel_arguments tensorflow_intra_op_parallelism tensorflow_inter_op_parallelism
 tensorflow_session_parallelism rest_api_num_threads rest_api_timeout_in_ms max_num_load_retries
-load_retry_interval_micros allow_version_labels_for_unavailable_models""".split()
+load_retry_interval_micros allow_version_labels_for_unavailable_models enable_profiler""".split()
 
 
 def compose(argv, tmp_path=None):
@@ -101,7 +101,6 @@ def test_malformed_flags_are_errors_naming_them(argv, message):
     ("--platform_config_file=/p.txt", "platforms are not configurable"),
     ("--tensorflow_session_config_file=/s.txt", "model_config keys"),
     ("--use_alts_credentials", "ALTS is not served"),
-    ("--enable_profiler=true", "profiler service is not served"),
     ("--rest_api_enable_cors_support", "CORS"),
     ("--num_load_threads=4", "each model loads on a thread of its own"),
     ("--model_config_file_poll_wait_seconds=-1", "testing mode"),
@@ -150,6 +149,7 @@ def test_a_single_model_with_tf_servings_defaults():
     assert (dep.grpc_port, dep.http_port, dep.host) == (8500, None, "0.0.0.0")  # REST off, TF Serving's default
     assert dep.http_request_timeout_ms == 30000 and dep.model_config_file_poll_wait_seconds == 0
     assert not dep.allow_version_labels_for_unavailable_models
+    assert dep.enable_profiler  # TF Serving's --enable_profiler default (ours: off, server/grpc/profiler.py)
     (entry,) = dep.models
     assert entry.name == "default" and entry.config.savedmodel_dir == "/models/m"
     assert entry.config.model_version_policy.describe() == {"latest": {"num_versions": 1}}
@@ -166,12 +166,13 @@ def test_server_flags_map_onto_deployment_keys():
         "--grpc_channel_arguments=grpc.max_connection_age_ms=2000,grpc.lb_policy_name=grpclb,grpc.so_reuseaddr=1",
         "--grpc_max_threads=64", "--allow_version_labels_for_unavailable_models",
         "--tensorflow_session_parallelism=3", "--file_system_poll_wait_seconds=0", "--max_num_load_retries=0",
-        "--load_retry_interval_micros=-5", "--enable_serialization_as_tensor_content"])
+        "--load_retry_interval_micros=-5", "--enable_serialization_as_tensor_content", "--enable_profiler=false"])
     assert (dep.grpc_port, dep.http_port, dep.grpc_socket_path, dep.http_request_timeout_ms) == (
         9000, 9001, "/tmp/x.sock", None)
     assert dep.grpc_channel_arguments == {"grpc.max_connection_age_ms": 2000, "grpc.lb_policy_name": "grpclb",
                                           "grpc.so_reuseaddr": 1}
     assert dep.grpc_max_concurrent_rpcs == 64 and dep.allow_version_labels_for_unavailable_models
+    assert not dep.enable_profiler
     (entry,) = dep.models
     c = entry.config
     assert (c.model_store_type, c.intra_op_parallelism_threads, c.inter_op_parallelism_threads) == ("s3", 3, 3)
