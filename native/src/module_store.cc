@@ -1,6 +1,8 @@
 // module_store.cc -- nanobind bindings of the embedding stores' native parts (row_store.h):
 //
 //   find_rows(keys_by_row, slots, queries, out)        HashIndex probe (slots int32 or int64)
+//   find_slots(keys_by_row, slots, queries, out, where) the same, and the slot naming each row
+//   place_rows(keys, rows, slots) -> removed slots taken  HashIndex insert of absent keys
 //   TableSet([(keys_by_row, slots, identity_size, values, default), ...])
 //     .lookup([queries, ...]) -> (rows, counts)        each table's index probe + row gather (values
 //                                                      float32, or float16 as its uint16 bits), one call
@@ -48,6 +50,26 @@ void find_rows(Vec<const int64_t> keys_by_row, Vec<const Slot> slots, Vec<const 
   sp::store::find_rows<Slot>(keys_by_row.data(), static_cast<int64_t>(keys_by_row.shape(0)), slots.data(),
                              static_cast<int64_t>(slots.shape(0)), queries.data(),
                              static_cast<int64_t>(queries.shape(0)), out.data());
+}
+
+template <class Slot>
+void find_slots(Vec<const int64_t> keys_by_row, Vec<const Slot> slots, Vec<const int64_t> queries,
+                Vec<int64_t> out, Vec<int64_t> where) {
+  require(out.shape(0) == queries.shape(0) && where.shape(0) == queries.shape(0),
+          "find_slots: out and where must have one row per query");
+  nb::gil_scoped_release nogil;
+  sp::store::find_rows<Slot>(keys_by_row.data(), static_cast<int64_t>(keys_by_row.shape(0)), slots.data(),
+                             static_cast<int64_t>(slots.shape(0)), queries.data(),
+                             static_cast<int64_t>(queries.shape(0)), out.data(), where.data());
+}
+
+template <class Slot>
+int64_t place_rows(Vec<const int64_t> keys, Vec<const int64_t> rows, Vec<Slot> slots) {
+  require(rows.shape(0) == keys.shape(0), "place_rows: one row per key");
+  require(slots.shape(0) > 0, "place_rows: the index has no slots");
+  nb::gil_scoped_release nogil;
+  return sp::store::place_rows<Slot>(keys.data(), rows.data(), static_cast<int64_t>(keys.shape(0)), slots.data(),
+                                     static_cast<int64_t>(slots.shape(0)));
 }
 
 // One table of a TableSet: its arrays' data, taken while the GIL is held.
@@ -228,6 +250,9 @@ template <class Slot>
 void bind_slot_type(nb::module_& m) {
   m.def("find_rows", &find_rows<Slot>, nb::arg("keys_by_row"), nb::arg("slots").noconvert(),
         nb::arg("queries"), nb::arg("out"));
+  m.def("find_slots", &find_slots<Slot>, nb::arg("keys_by_row"), nb::arg("slots").noconvert(),
+        nb::arg("queries"), nb::arg("out"), nb::arg("where"));
+  m.def("place_rows", &place_rows<Slot>, nb::arg("keys"), nb::arg("rows"), nb::arg("slots").noconvert());
 }
 
 using sp::store::RowCache;

@@ -52,9 +52,10 @@ float half_to_float(uint16_t h) { return half_table().v[h]; }
 
 template <class Slot>
 void find_rows(const int64_t* keys_by_row, int64_t nkeys, const Slot* slots, int64_t nslots,
-               const int64_t* queries, int64_t n, int64_t* out) {
+               const int64_t* queries, int64_t n, int64_t* out, int64_t* where) {
   if (nslots <= 0) {
     std::fill(out, out + n, -1);
+    if (where != nullptr) std::fill(where, where + n, -1);
     return;
   }
   const uint64_t count = static_cast<uint64_t>(nslots);
@@ -76,21 +77,42 @@ void find_rows(const int64_t* keys_by_row, int64_t nkeys, const Slot* slots, int
     int64_t row = -1;
     for (uint64_t probes = 0; probes < count; ++probes) {
       const int64_t s = static_cast<int64_t>(slots[pos]);
-      if (s < 0 || s >= nkeys) break;
-      if (keys_by_row[s] == key) {
+      if (s == kEmptySlot || s >= nkeys) break;
+      if (s >= 0 && keys_by_row[s] == key) {  // a removed key's slot (kRemovedSlot) is passed over
         row = s;
         break;
       }
       if (++pos == count) pos = 0;
     }
     out[i] = row;
+    if (where != nullptr) where[i] = row >= 0 ? static_cast<int64_t>(pos) : -1;
   }
 }
 
 template void find_rows<int32_t>(const int64_t*, int64_t, const int32_t*, int64_t, const int64_t*, int64_t,
-                                 int64_t*);
+                                 int64_t*, int64_t*);
 template void find_rows<int64_t>(const int64_t*, int64_t, const int64_t*, int64_t, const int64_t*, int64_t,
-                                 int64_t*);
+                                 int64_t*, int64_t*);
+
+template <class Slot>
+int64_t place_rows(const int64_t* keys, const int64_t* rows, int64_t n, Slot* slots, int64_t nslots) {
+  const uint64_t count = static_cast<uint64_t>(nslots);
+  int64_t removed_taken = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint64_t pos = ((mix64(static_cast<uint64_t>(keys[i])) >> 32) * count) >> 32;
+    uint64_t probes = 0;
+    while (slots[pos] >= 0) {
+      if (++pos == count) pos = 0;
+      if (++probes == count) return -1;  // no free slot: the caller keeps the load below 0.8
+    }
+    removed_taken += slots[pos] == static_cast<Slot>(kRemovedSlot);
+    slots[pos] = static_cast<Slot>(rows[i]);
+  }
+  return removed_taken;
+}
+
+template int64_t place_rows<int32_t>(const int64_t*, const int64_t*, int64_t, int32_t*, int64_t);
+template int64_t place_rows<int64_t>(const int64_t*, const int64_t*, int64_t, int64_t*, int64_t);
 
 void find_identity(int64_t size, const int64_t* queries, int64_t n, int64_t* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = (queries[i] >= 0 && queries[i] < size) ? queries[i] : -1;

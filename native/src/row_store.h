@@ -5,8 +5,9 @@
 //
 // * find_rows / gather_rows read the arrays of processor/features/hash_index.py's HashIndex and
 //   dram_store.py's DramTable in place (the Python classes own them and stay the reference):
-//   keys by row (int64), slots (int32 or int64, -1 empty, linear probing from
-//   ((mix64(key) >> 32) * S) >> 32), rows float32 or float16 (IEEE half, as uint16 bits).
+//   keys by row (int64), slots (int32 or int64, -1 empty, -2 a removed key's: probes go on past
+//   it; linear probing from ((mix64(key) >> 32) * S) >> 32), rows float32 or float16 (IEEE half,
+//   as uint16 bits).
 // * RowCache is a CLOCK (second chance) cache of float32 rows keyed by int64 ids, bounded in rows.
 //   Lookups share a reader lock and only set a reference bit; inserts, updates and erases take
 //   the writer lock. Thread-safe.
@@ -31,11 +32,24 @@ inline uint64_t mix64(uint64_t z) {
 // IEEE half (bits) -> float, exact (every half is a float).
 float half_to_float(uint16_t h);
 
+// The slot values of HashIndex that name no row: never used, and left by a removed key (a probe
+// goes on past it, as past another key's slot).
+constexpr int64_t kEmptySlot = -1;
+constexpr int64_t kRemovedSlot = -2;
+
 // out[i] = the row of queries[i] in the index, -1 when absent. `Slot` is int32_t or int64_t.
-// A slot naming a row past nkeys ends the probe (never read out of bounds).
+// A slot naming a row past nkeys ends the probe (never read out of bounds). `where`, if given:
+// the position of the slot naming that row, -1 when absent (HashIndex.locate: a delta's removals).
 template <class Slot>
 void find_rows(const int64_t* keys_by_row, int64_t nkeys, const Slot* slots, int64_t nslots,
-               const int64_t* queries, int64_t n, int64_t* out);
+               const int64_t* queries, int64_t n, int64_t* out, int64_t* where = nullptr);
+// Insert keys[i] (absent from the index, distinct) naming rows[i]: each takes the first slot from
+// its home that is empty or a removed key's (linear probing). Returns how many removed keys'
+// slots were taken, or -1 when a key found no free slot (the caller keeps the load below 0.8).
+// HashIndex._place is the reference (it may give a colliding key another slot: the keys are found
+// the same).
+template <class Slot>
+int64_t place_rows(const int64_t* keys, const int64_t* rows, int64_t n, Slot* slots, int64_t nslots);
 // The index in identity mode: keys 0..size-1 are rows 0..size-1.
 void find_identity(int64_t size, const int64_t* queries, int64_t n, int64_t* out);
 

@@ -6,6 +6,12 @@ widened to float32 at lookup) and, when the checkpoint has them, uint32 freq / v
 (saturating). Memory per key: ``4 * dim`` (float16: ``2 * dim``) bytes of values, 8 + 4 / load
 (<= 16) bytes of index, plus 8 bytes of metadata when kept. No Python object per row.
 
+A delta's removed ids leave the table (:meth:`DramTable.remove`): their rows are freed and taken
+by later inserts, so deltas that remove as many ids as they add keep the arrays' size; a removed
+id is then served the default vector, as an id never seen. With ``row_ttl_steps`` a delta also
+drops the rows whose version (the step of their last update) is too old
+(:meth:`LocalVersionTables.apply_delta`).
+
 Lookups run the index probe and the row gather in native code without the GIL
 (:mod:`.native_rows`) when the extension is built; :meth:`DramTable.lookup_reference` is the
 numpy reference it is tested against and the fallback.
@@ -79,10 +85,32 @@ def index_and_meta(table: Any) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
 
 def adopt_index_and_meta(table: Any, numbers: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
     """Give ``table`` the index and metadata :func:`index_and_meta` gave (arrays taken as they are)."""
-    table.index = HashIndex.adopt(numbers["size"], numbers["identity"], arrays.get("keys"), arrays.get("slots"))
+    table.index = HashIndex.adopt(numbers["size"], numbers["identity"], arrays.get("keys"), arrays.get("slots"),
+                                  arrays.get("free"), numbers.get("removed_slots", 0))
     table.freqs, table.versions = arrays.get("freqs"), arrays.get("versions")
     if table.narrowing is not None and "narrowing" in numbers:
         table.narrowing.rows, table.narrowing.bytes_saved, table.narrowing.max_abs_diff = numbers["narrowing"]
+
+
+def forget_meta(table: Any, rows: np.ndarray) -> None:
+    """Clear the freqs / versions of freed ``rows`` (a later insert there starts afresh)."""
+    for arr in (table.freqs, table.versions):
+        if arr is not None:
+            arr[rows[rows < len(arr)]] = 0
+
+
+def stale_keys(table: Any, before: int) -> np.ndarray:
+    """The keys of ``table`` (DRAM or DRAM+SSD) whose version is below ``before``: the rows
+    ``row_ttl_steps`` drops (none without versions: every row then has one, see
+    :class:`~.ev_checkpoint.TableSource`)."""
+    versions = table.versions
+    if versions is None or before <= 0:
+        return np.empty(0, np.int64)
+    index = table.index
+    rows = np.flatnonzero(versions[: index.size] < min(before, _U32_MAX))
+    if len(index.free_rows):
+        rows = np.setdiff1d(rows, index.free_rows, assume_unique=True)
+    return index.keys_of_rows(rows)
 
 
 class DramTable:
@@ -116,7 +144,12 @@ class DramTable:
 
     @property
     def size(self) -> int:
-        return self.index.size
+        """The keys held."""
+        return self.index.count
+
+    def held_ids(self) -> np.ndarray:
+        """The ids held, sorted (a copy; for tests and tools, not the request path)."""
+        return np.sort(self.index.keys())
 
     def lookup(self, keys: np.ndarray) -> np.ndarray:
         """float32 ``[len(keys), dim]``: each key's row, the default vector where absent."""
@@ -154,6 +187,13 @@ class DramTable:
         self.values[rows] = values
         write_meta(self, rows, chunk, len(self.values))
         return new
+
+    def remove(self, keys: np.ndarray) -> int:
+        """Drop the rows of ``keys`` it holds (others are ignored); their rows are reused by later
+        upserts. Returns how many it held."""
+        rows = self.index.remove(keys)
+        forget_meta(self, rows)
+        return len(rows)
 
     def _ensure_rows(self, n: int) -> None:
         if n <= len(self.values):
@@ -214,6 +254,7 @@ class LocalVersionTables:
         self._in_memory = all(type(t) is DramTable for t in tables.values())
         self._sets: dict[tuple[str, ...], Any] = {}  # native TableSets by table names (see _native_set)
         self._counts = TableCounts(3)  # the native lookups' per table: lookups, ids, default vectors
+        self._dropped: dict[str, list[int]] = {}  # per table: rows deltas removed, rows expired
 
     def load(self, source, chunk_rows: int = 65536) -> None:
         self.progress = LoadProgress(f"{self.kind} store, version {self.version}", source.row_count(self.specs))
@@ -253,13 +294,37 @@ class LocalVersionTables:
             found = self._sets[names] = native_rows.table_set([self.tables[n] for n in names])
         return found
 
-    def stage_delta(self, rows: dict[str, RowChunk], step: int, source=None) -> None:
+    def stage_delta(self, rows: dict[str, RowChunk], step: int, source=None, removed=None) -> None:
         return None  # rows live in this process: written by apply_delta, behind the update gate
 
-    def apply_delta(self, rows: dict[str, RowChunk], step: int) -> None:
-        for name, chunk in rows.items():
-            self.tables[name].upsert(chunk)
-        self._sets = {}  # the upserts may have replaced the tables' arrays
+    def apply_delta(self, rows: dict[str, RowChunk], step: int, removed: dict[str, np.ndarray] | None = None,
+                    expire_before: int | None = None) -> None:
+        """Remove ``removed``'s ids, then upsert ``rows``; with ``expire_before`` (``row_ttl_steps``)
+        then drop every row whose version is below it, a row the delta writes without a version
+        taking ``step``. Removed and expired rows are counted in the store's metrics."""
+        try:
+            for name, ids in (removed or {}).items():
+                self._count(name, removed=self.tables[name].remove(ids))
+            for name, chunk in rows.items():
+                if expire_before is not None and chunk.versions is None:
+                    chunk = RowChunk(chunk.keys, chunk.values, chunk.freqs, np.full(len(chunk), step, np.int64))
+                self.tables[name].upsert(chunk)
+            if expire_before is not None:
+                for name, table in self.tables.items():
+                    self._count(name, expired=table.remove(stale_keys(table, expire_before)))
+        finally:
+            self._sets = {}  # upserts and removals may have replaced the tables' arrays
+
+    def _count(self, table: str, removed: int = 0, expired: int = 0) -> None:
+        counts = self._dropped.setdefault(table, [0, 0])
+        counts[0] += removed
+        counts[1] += expired
+        if self.metrics is not None and (removed or expired):
+            self.metrics.count_rows(table, removed=removed, expired=expired)
+
+    def held_ids(self, table: str) -> np.ndarray:
+        """The ids ``table`` holds, sorted (a copy; for tests and tools, not the request path)."""
+        return self.tables[table].held_ids()
 
     def describe(self) -> dict[str, Any]:
         tables = {}
@@ -269,12 +334,15 @@ class LocalVersionTables:
             if name in native:  # lookups made through the version's TableSets
                 for key, count in zip(("lookups", "ids", "default_vectors_served"), native[name].tolist()):
                     stats[key] += count
-            tables[name] = {"rows": table.size, "dim": table.spec.dim, "keyed_by": table.spec.keyed_by,
-                            "dtype": table.spec.dtype, "bytes": table.nbytes(), **stats}
+            tables[name] = {"rows": table.size, "freed_rows": len(table.index.free_rows), "dim": table.spec.dim,
+                            "keyed_by": table.spec.keyed_by, "dtype": table.spec.dtype, "bytes": table.nbytes(),
+                            **stats}
             if table.narrowing is not None:
                 tables[name]["float16"] = table.narrowing.as_dict()
             if self.filtered.get(name):
                 tables[name]["filtered_ids"] = self.filtered[name]
+            if name in self._dropped:
+                tables[name]["removed_rows"], tables[name]["expired_rows"] = self._dropped[name]
         out = {"store": self.kind, "version": self.version, "tables": tables,
                "load": self.progress.describe() if self.progress else None}
         if self.shared is not None:

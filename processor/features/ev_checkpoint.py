@@ -12,8 +12,9 @@ A table ``T`` is stored in a checkpoint either
 
 Deltas (incremental checkpoints) use the export naming for changed rows of every table, with the
 table's own keys (row ids for a plain table, raw ids for an EV table); DeepRec's
-``-sparse_incr_keys`` / ``-sparse_incr_values`` are accepted too. Everything else in a delta is a
-dense variable, whole.
+``-sparse_incr_keys`` / ``-sparse_incr_values`` are accepted too; ``T-removed_keys`` (or
+``T/part_<k>-removed_keys``) names the ids the delta removes (see :mod:`processor.checkpoint.delta`).
+Everything else in a delta is a dense variable, whole.
 
 Reading is whole-tensor (the bundle reader has no cheap row ranges), one table part at a time,
 then handed out in chunks.
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..checkpoint.delta import PARENT_TENSOR, CheckpointError, Delta, VariableInfo
+from ..checkpoint.delta import MARKERS, REMOVED_SUFFIX, CheckpointError, Delta, VariableInfo, removed_ids
 from .rows import RowChunk
 
 _PART = re.compile(r"^(?P<table>.+)/part_(?P<k>\d+)$")
@@ -134,40 +135,90 @@ class CheckpointTables:
         return None
 
     def table_names(self) -> set[str]:
-        """Names that belong to some table (export-format tensors); the rest are dense tensors."""
-        names = set()
+        """Names that belong to some table (export-format tensors, removals); the rest are dense
+        tensors."""
+        names = {n for n in self.shapes if n.endswith(REMOVED_SUFFIX)}
         ev = self.ev_tables()
         for layout in ev.values():
             for part in layout.parts:
                 names.update(part + s for s in (*_KEY_SUFFIXES, *_KEY_SUFFIXES.values(), *_META))
         return names & set(self.shapes)
 
+    def removed(self) -> dict[str, np.ndarray]:
+        """The ids each table's ``-removed_keys`` names (partitions merged; distinct, sorted)."""
+        parts: dict[str, list[np.ndarray]] = {}
+        for name in self.shapes:
+            if name.endswith(REMOVED_SUFFIX):
+                part = name[: -len(REMOVED_SUFFIX)]
+                m = _PART.match(part)
+                parts.setdefault(m.group("table") if m else part, []).append(
+                    removed_ids(self.prefix, name, np.asarray(self.tensor(name))))
+        return {table: np.unique(np.concatenate(ids)) for table, ids in parts.items()}
+
+    def table_rows(self, layout: TableLayout) -> RowChunk:
+        """Every row of ``layout`` in one chunk (parts joined; metadata when every part has it)."""
+        parts = list(self.chunks(layout, chunk_rows=1 << 62))
+        if len(parts) == 1:
+            return parts[0]
+        if not parts:
+            return RowChunk(np.empty(0, np.int64), np.empty((0, layout.dim), np.float32))
+        meta = [None if any(getattr(c, m) is None for c in parts) else np.concatenate([getattr(c, m) for c in parts])
+                for m in ("freqs", "versions")]
+        return RowChunk(np.concatenate([c.keys for c in parts]), np.concatenate([c.values for c in parts]), *meta)
+
+
+def delta_rows(prefix: str, tables) -> tuple[dict[str, RowChunk], dict[str, np.ndarray]]:
+    """(rows, removed ids) of the tables ``tables`` names in delta ``prefix``: what a shared store
+    writes (:mod:`.redis_store` reads a delta again this way when it recovers)."""
+    ckpt = CheckpointTables(prefix)
+    ev = ckpt.ev_tables()
+    rows = {name: ckpt.table_rows(ev[name]) for name in tables if name in ev}
+    removed = {name: ids for name, ids in ckpt.removed().items() if name in tables}
+    return rows, removed
+
 
 @dataclass
 class TableSource:
-    """Where a version's tables come from: its full checkpoint, plus the newest applied delta."""
+    """Where a version's tables come from: its full checkpoint, plus the newest applied delta.
+
+    ``step``: the full's step; ``stamp_versions``: a row the checkpoint gives no version (the
+    step of its last update) gets its checkpoint's step (``row_ttl_steps`` needs one per row)."""
 
     full_prefix: str
     delta_prefix: str = ""
     delta_step: int = -1
+    step: int = -1
+    stamp_versions: bool = False
 
     def rows(self, specs: Mapping[str, object], chunk_rows: int = 65536) -> Iterator[tuple[str, RowChunk]]:
-        """(table, chunk) for every table of ``specs``: the full's rows, then the delta's."""
+        """(table, chunk) for every table of ``specs``: the full's rows but those the delta
+        removes, then the delta's."""
         full = CheckpointTables(self.full_prefix)
         ev = full.ev_tables()
+        delta = CheckpointTables(self.delta_prefix) if self.delta_prefix else None
+        removed = delta.removed() if delta is not None else {}
         for table in specs:
             layout = full.layout(table, ev)
             if layout is None:
                 raise CheckpointError(f"checkpoint {self.full_prefix!r} holds no table {table!r}")
+            gone = removed.get(table)
             for chunk in full.chunks(layout, chunk_rows):
-                yield table, chunk
-        if self.delta_prefix:
-            delta = CheckpointTables(self.delta_prefix)
+                if gone is not None and len(gone):
+                    keep = ~np.isin(chunk.keys, gone)
+                    chunk = RowChunk(chunk.keys[keep], chunk.values[keep],
+                                     *(None if m is None else m[keep] for m in (chunk.freqs, chunk.versions)))
+                yield table, self._stamped(chunk, self.step)
+        if delta is not None:
             dev = delta.ev_tables()
             for table in specs:
                 if table in dev:
                     for chunk in delta.chunks(dev[table], chunk_rows):
-                        yield table, chunk
+                        yield table, self._stamped(chunk, self.delta_step)
+
+    def _stamped(self, chunk: RowChunk, step: int) -> RowChunk:
+        if not self.stamp_versions or chunk.versions is not None:
+            return chunk
+        return RowChunk(chunk.keys, chunk.values, chunk.freqs, np.full(len(chunk), max(step, 0), np.int64))
 
     def row_count(self, specs: Mapping[str, object]) -> int:
         full = CheckpointTables(self.full_prefix)
@@ -197,28 +248,24 @@ def read_store_delta(prefix: str, step: int, tables: Mapping[str, int],
     ckpt = CheckpointTables(prefix)
     delta = StoreDelta(step)
     ev = ckpt.ev_tables()
-    for table, layout in ev.items():
+    removed = ckpt.removed()
+    for table in (*ev, *removed):
         if table not in tables:
             if table in dense:
                 raise CheckpointError(f"delta {prefix!r}: rows for {table!r}, which is not an embedding "
                                       f"table served from the feature store")
             raise CheckpointError(f"delta {prefix!r}: table {table!r} is not a table of the model")
+    for table, layout in ev.items():
         if layout.dim != tables[table]:
             raise CheckpointError(f"delta {prefix!r}: {table!r} rows have dim {layout.dim}, "
                                   f"the model's is {tables[table]}")
-        parts = list(ckpt.chunks(layout, chunk_rows=1 << 62))
-        keys = np.concatenate([c.keys for c in parts]) if parts else np.empty(0, np.int64)
-        values = (np.concatenate([c.values for c in parts]) if parts
-                  else np.empty((0, layout.dim), np.float32))
-        freqs = None if any(c.freqs is None for c in parts) or not parts else np.concatenate([c.freqs for c in parts])
-        versions = (None if any(c.versions is None for c in parts) or not parts
-                    else np.concatenate([c.versions for c in parts]))
-        delta.chunks[table] = RowChunk(keys, values, freqs, versions)
-        delta.rows[table] = (keys, values)
+        chunk = delta.chunks[table] = ckpt.table_rows(layout)
+        delta.rows[table] = (chunk.keys, chunk.values)
+    delta.removed = removed
     used = ckpt.table_names()
     for name in ckpt.shapes:
-        if name == PARENT_TENSOR:
-            delta.parent_step = int(ckpt.tensor(name))
+        if name in MARKERS:
+            delta.set_marker(name, ckpt.tensor(name))
             continue
         if name in used or name == "global_step" and name not in dense:
             continue

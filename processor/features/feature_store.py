@@ -23,7 +23,11 @@ Contract of :class:`VersionTables` (what the engine calls):
   the store's :class:`~.store_metrics.StoreMetrics`;
 * ``stage_delta`` writes a delta's rows where every process sees them (shared stores), off the
   request path; ``apply_delta`` writes rows that live in this process, while no lookup runs (the
-  SessionGroup's update gate guarantees it);
+  SessionGroup's update gate guarantees it). Both take the ids the delta removes (``removed``,
+  applied before its rows: a removed id is then served the default vector, as an id never seen)
+  and ``apply_delta`` of the DRAM and DRAM+SSD stores ``expire_before`` (``row_ttl_steps``: rows
+  whose version is below it go too);
+* ``held_ids`` lists the ids a table holds (a scan, for tests and tools);
 * ``release`` frees what this process holds for the version (called once, after the last lookup).
 """
 
@@ -53,12 +57,20 @@ class VersionTables(Protocol):
         of any shape: a request's key tensors as the graph computes them)."""
         ...
 
-    def stage_delta(self, rows: dict[str, RowChunk], step: int, source: TableSource | None) -> None:
-        """Write rows that other processes must see too (shared stores); a no-op for local ones."""
+    def stage_delta(self, rows: dict[str, RowChunk], step: int, source: TableSource | None,
+                    removed: dict[str, np.ndarray] | None = None) -> None:
+        """Delete ``removed``'s ids and write rows that other processes must see too (shared
+        stores); a no-op for local ones."""
         ...
 
-    def apply_delta(self, rows: dict[str, RowChunk], step: int) -> None:
-        """Write rows held in this process; called with no lookup in flight."""
+    def apply_delta(self, rows: dict[str, RowChunk], step: int, removed: dict[str, np.ndarray] | None = None,
+                    expire_before: int | None = None) -> None:
+        """Remove ``removed``'s ids, then write rows held in this process (and forget cached
+        ones); called with no lookup in flight. ``expire_before``: see the module doc."""
+        ...
+
+    def held_ids(self, table: str) -> np.ndarray:
+        """The ids ``table`` holds, sorted (a scan: tests and tools, not the request path)."""
         ...
 
     def describe(self) -> dict[str, Any]:

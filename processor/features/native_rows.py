@@ -8,6 +8,9 @@
 * :func:`table_set`: the same for a version's tables at once (a request's lookups), their arrays
   taken once.
 * :func:`row_cache`: a native ``RowCache`` (CLOCK, thread-safe), or None when not built.
+* :func:`find_slots` / :func:`place_rows`: the index probe with each key's slot, and the insert
+  of new keys: a delta's upserts and removals, and rehashes (:meth:`~.hash_index.HashIndex.locate`
+  and ``_place``; ``HashIndex._probe`` and ``_place_reference`` are their references).
 
 ``AVAILABLE`` says whether the extension is there.
 """
@@ -22,6 +25,7 @@ import numpy as np
 from ..native import MODULE
 
 AVAILABLE = MODULE is not None and hasattr(MODULE, "TableSet")
+LOCATE = AVAILABLE and hasattr(MODULE, "place_rows")  # an extension built before removals has none
 
 
 def lookup_rows(index, values: np.ndarray, default: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, int]:
@@ -54,6 +58,26 @@ def find_rows(index, keys: np.ndarray) -> np.ndarray:
     out = np.empty(len(keys), np.int64)
     MODULE.find_rows(index._keys, index._slots, np.ascontiguousarray(keys, np.int64), out)
     return out
+
+
+def find_slots(index, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(``index.find(keys)``, the slot naming each row; -1 where absent) in native code
+    (identity mode excluded): :meth:`~.hash_index.HashIndex.locate`. Needs ``LOCATE``."""
+    keys = np.ascontiguousarray(keys, np.int64)
+    rows, where = np.empty(len(keys), np.int64), np.empty(len(keys), np.int64)
+    MODULE.find_slots(index._keys, index._slots, keys, rows, where)
+    return rows, where
+
+
+def place_rows(index, keys: np.ndarray, rows: np.ndarray) -> int:
+    """Insert ``keys`` (absent, distinct) naming ``rows`` into ``index``'s slots in native code
+    (``HashIndex._place`` is the reference); how many removed keys' slots they took. Needs
+    ``LOCATE``."""
+    taken = MODULE.place_rows(np.ascontiguousarray(keys, np.int64), np.ascontiguousarray(rows, np.int64),
+                              index._slots)
+    if taken < 0:
+        raise RuntimeError("hash index: no free slot (its load must stay below 0.8)")
+    return int(taken)
 
 
 def row_cache(capacity: int, dim: int):

@@ -12,9 +12,9 @@ releases the lock by compare-and-delete (extending it by compare-and-expire whil
 The others poll until the version is ready (or the lock expires and one of them takes over).
 
 **Deltas** (:meth:`RedisVersionTables.stage_delta`): the same protocol, per (version, step):
-one replica writes the changed rows into the served version's partitions; ``d:<ver>`` records
-the step; the others see ``d:<ver>`` >= step and skip. Rows change in place, row by row (no
-update gate spans processes).
+one replica deletes the ids the delta removes (``HDEL``, pipelined per node) and writes the
+changed rows into the served version's partitions; ``d:<ver>`` records the step; the others see
+``d:<ver>`` >= step and skip. Rows change in place, row by row (no update gate spans processes).
 
 **Lookups** (:meth:`.redis_tables.RedisVersionTables.lookup`): ids are de-duplicated per table,
 grouped by partition, and fetched with one ``HMGET <partition> <sentinel> <fields...>`` per partition;
@@ -61,7 +61,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import Internal, Unavailable
-from .ev_checkpoint import TableSource
+from .ev_checkpoint import TableSource, delta_rows
 from .rows import Narrowing, RowChunk, TableSpec, to_storage
 from .key_layout import DEFAULT_PARTITIONS, SENTINEL, KeyLayout, key_slot
 from .progress import LoadProgress
@@ -100,7 +100,7 @@ class RedisStore:
         self.last_error: str | None = None
         self.down_since: float | None = None
         self.counters = {"outages": 0, "refills": 0, "failed_fast": 0, "rows_written": 0,
-                         "loads_written": 0, "deltas_written": 0}
+                         "rows_deleted": 0, "loads_written": 0, "deltas_written": 0}
         self._open: weakref.WeakSet[RedisVersionTables] = weakref.WeakSet()
         self._state_lock = threading.Lock()
         self._probe: threading.Thread | None = None
@@ -378,41 +378,57 @@ class RedisStore:
         if vt.progress is not None:
             vt.progress.add(len(keys))
 
-    def write_delta(self, vt: RedisVersionTables, rows: dict[str, RowChunk], step: int) -> None:
+    def _delete_rows(self, vt: RedisVersionTables, table: str, ids: np.ndarray) -> None:
+        """``HDEL`` the fields of ``ids`` in ``table``, pipelined per node (absent ones are no-ops)."""
+        if not len(ids):
+            return
+        tid = vt.tids[table]
+        ids = np.asarray(ids, np.int64)
+        parts = self.layout.partition_of(tid, ids)
+        order = np.argsort(parts, kind="stable")
+        counts = np.bincount(parts, minlength=self.layout.partitions)
+        fields = self.layout.fields(np.full(len(ids), tid, np.uint32), ids[order])
+        commands, pos = [], 0
+        for p in np.flatnonzero(counts).tolist():
+            for start in range(pos, pos + int(counts[p]), _WRITE_ROWS):
+                stop = min(start + _WRITE_ROWS, pos + int(counts[p]))
+                commands.append((int(vt.slots[p]), ("HDEL", vt.keys[p], *fields[start:stop])))
+            pos += int(counts[p])
+        deleted = self._checked(self.run(commands, write=True))
+        self.counters["rows_deleted"] += int(sum(deleted))
+
+    def write_delta(self, vt: RedisVersionTables, rows: dict[str, RowChunk], step: int,
+                    removed: dict[str, np.ndarray] | None = None) -> None:
         self.check_up()
-        self._ensure_delta(vt, vt.source, rows, step, pin=True)
+        self._ensure_delta(vt, vt.source, rows, step, pin=True, removed=removed or {})
 
     def _ensure_delta(self, vt: RedisVersionTables, source: TableSource,
-                      rows: dict[str, RowChunk] | None = None, step: int | None = None, pin: bool = False) -> None:
-        """Make Redis hold delta ``step`` of ``vt`` (read from ``source`` when rows are not given);
-        ``pin``: this replica serves ``vt`` and applies the delta next (see RedisVersionTables.pin)."""
+                      rows: dict[str, RowChunk] | None = None, step: int | None = None, pin: bool = False,
+                      removed: dict[str, np.ndarray] | None = None) -> None:
+        """Make Redis hold delta ``step`` of ``vt``: its removed ids deleted, then its rows
+        written (both read from ``source`` when rows are not given); ``pin``: this replica serves
+        ``vt`` and applies the delta next (see RedisVersionTables.pin)."""
         if step is None:
             step = source.delta_step
         if rows is None:
-            from .ev_checkpoint import CheckpointTables
-
-            ckpt = CheckpointTables(source.delta_prefix)
-            ev = ckpt.ev_tables()
-            rows = {}
-            for name in vt.specs:
-                if name in ev:
-                    chunks = list(ckpt.chunks(ev[name], chunk_rows=1 << 62))
-                    rows[name] = chunks[0] if len(chunks) == 1 else RowChunk(
-                        np.concatenate([c.keys for c in chunks]), np.concatenate([c.values for c in chunks]))
+            rows, removed = delta_rows(source.delta_prefix, vt.specs)
+        removed = removed or {}
         token = self._wait_or_lock(vt.version, lambda: self._delta_step(vt) >= step)
         if token is None:
             return
         try:
             if pin:
-                vt.pin(rows)
+                vt.pin(rows, removed)
+            for name, ids in removed.items():  # removals first: an id the delta also writes is held
+                self._delete_rows(vt, name, ids)
             for name, chunk in rows.items():
                 self._write_rows(vt, name, chunk)
             ver = vt.version.encode()
             self._meta("HSET", b"d:" + ver, step)
             self._meta("HINCRBY", b"w:" + ver + b":" + str(step).encode(), 1)
             self.counters["deltas_written"] += 1
-            log.info("feature store %s: wrote delta %d of version %s (%d rows)", self.kind, step, vt.version,
-                     sum(len(c) for c in rows.values()))
+            log.info("feature store %s: wrote delta %d of version %s (%d rows, %d removed)", self.kind, step,
+                     vt.version, sum(len(c) for c in rows.values()), sum(len(i) for i in removed.values()))
         finally:
             self._unlock(vt.version, token)
 

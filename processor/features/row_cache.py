@@ -14,8 +14,9 @@ cache of float32 rows answers most ids without a Redis round trip. Per table, a 
   keeps what LRU keeps: ids looked up again within one sweep stay;
 * **version-aware** (what :class:`~.redis_tables.RedisVersionTables` does with it): a new full
   version gets a new cache (prefilled with the hottest ids of the last one, read from the new
-  version in Redis); a delta overwrites the cached rows it changes, from the delta file, behind
-  the update gate (no lookup in flight), on every replica, whoever wrote it into Redis. A row
+  version in Redis); a delta overwrites the cached rows it changes, from the delta file, and
+  forgets the ids it removes, behind the update gate (no lookup in flight), on every replica,
+  whoever wrote it into Redis. A row
   of another version is never cached: rows enter only from the version's own Redis keys or
   its own delta.
 
@@ -100,6 +101,13 @@ class HotRowCache:
         if cache is None or not len(ids):
             return 0
         return cache.update(np.ascontiguousarray(ids, np.int64), np.ascontiguousarray(rows, np.float32))
+
+    def erase(self, table: str, ids: np.ndarray) -> int:
+        """Forget the cached rows of ``ids`` (a delta removed them); how many were cached."""
+        cache = self._caches.get(table)
+        if cache is None or not len(ids):
+            return 0
+        return cache.erase(np.ascontiguousarray(ids, np.int64))
 
     def hot_ids(self, table: str, limit: int) -> np.ndarray:
         """Up to ``limit`` cached ids of ``table``, those used since the CLOCK hand passed first."""

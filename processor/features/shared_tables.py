@@ -77,6 +77,8 @@ def source_identity(source: Any) -> list | None:
             files = sorted(glob.glob(glob.escape(real) + ".index") + glob.glob(glob.escape(real) + ".data-*"))
             out.append([real, [[os.path.basename(f), os.stat(f).st_size, os.stat(f).st_mtime_ns] for f in files]])
     out.append(int(getattr(source, "delta_step", -1)))
+    if getattr(source, "stamp_versions", False):  # the rows' versions differ (row_ttl_steps)
+        out.append(["versions stamped", int(getattr(source, "step", -1))])
     return out
 
 

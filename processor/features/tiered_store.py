@@ -10,6 +10,13 @@ Per table:
 * a DRAM cache of ``cache_rows`` rows, replaced by CLOCK (second chance): a hit sets the slot's
   reference bit; a miss takes slots whose bit is clear, clearing bits as the hand sweeps.
 
+A delta's removed ids (and rows ``row_ttl_steps`` expires) leave the index and the DRAM cache at
+once; their rows in the file are freed, reused by later inserts (so the file does not grow
+while deltas remove as many ids as they add), and a background thread per table gives the
+file system back every 4 KiB block whose rows are all free (``fallocate`` punching a hole;
+model info: ``ssd_allocated`` bytes). A file shared by workers is never changed: there the freed
+rows are only reused.
+
 Sizes come from ``ev_storage_size``: the first number is the DRAM budget in bytes for the row
 caches of all tables of a version (split in proportion to each table's bytes); the second, if
 given, the most bytes the SSD files may take (a load past it fails); without ``ev_storage_size``
@@ -17,12 +24,16 @@ the DRAM budget is 1 GiB. The kernel's page cache
 over the files is not counted: it is shared and the kernel reclaims it.
 
 Thread safety: lookups of one table serialize on the table's lock (the cache changes on every
-miss); upserts run while no lookup does (behind the update gate).
+miss); upserts and removals run while no lookup does (behind the update gate), and take the
+lock against the table's reclaim thread.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
+import logging
 import mmap
 import os
 import re
@@ -35,13 +46,34 @@ import numpy as np
 from .. import shared_segments
 from ..errors import ConfigError
 from . import shared_tables
-from .dram_store import LocalVersionTables, adopt_index_and_meta, checked_values, index_and_meta, write_meta
+from .dram_store import (LocalVersionTables, adopt_index_and_meta, checked_values, forget_meta, index_and_meta,
+                         write_meta)
 from .rows import LookupStats, Narrowing, RowChunk, TableSpec, to_storage
 from .hash_index import HashIndex
 from .store_metrics import StoreMetrics
 
 
 DEFAULT_DRAM_BYTES = 1 << 30  # DRAM row cache of a version when ev_storage_size is not given
+BLOCK = 4096  # the file-system block a freed file range is given back in
+
+log = logging.getLogger("processor.features")
+_FALLOC_PUNCH = 0x01 | 0x02  # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE (linux/falloc.h)
+
+
+def punch_hole(fd: int, offset: int, length: int) -> str | None:
+    """Give the file system back ``length`` bytes of ``fd`` at ``offset`` (they read as zeros
+    after; the file keeps its size). None when done, else why not (no such call here, or the
+    file system does not punch holes)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fallocate = libc.fallocate
+    except (OSError, AttributeError) as exc:
+        return f"no fallocate: {exc}"
+    fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
+    if fallocate(fd, _FALLOC_PUNCH, offset, length) != 0:
+        code = ctypes.get_errno()
+        return f"fallocate(PUNCH_HOLE): {errno.errorcode.get(code, code)}"
+    return None
 
 
 class TieredTable:
@@ -75,6 +107,9 @@ class TieredTable:
         self._rows_view: np.ndarray | None = None
         # over a file another worker wrote (see shared_file): rows added past its end
         self._added: np.ndarray | None = None
+        self._reclaim_rows: list[np.ndarray] = []  # freed rows whose blocks may go back (see remove)
+        self._reclaimer: threading.Thread | None = None
+        self.reclaim_off: str | None = None  # why blocks are not given back, if they are not
 
     @classmethod
     def shared_file(cls, spec: TableSpec, path: str, cache_rows: int, numbers: dict[str, Any],
@@ -104,7 +139,12 @@ class TieredTable:
 
     @property
     def size(self) -> int:
-        return self.index.size
+        """The keys held."""
+        return self.index.count
+
+    def held_ids(self) -> np.ndarray:
+        """The ids held, sorted (a copy; for tests and tools, not the request path)."""
+        return np.sort(self.index.keys())
 
     # --- file -------------------------------------------------------------------------------
 
@@ -242,22 +282,82 @@ class TieredTable:
         if len(chunk) == 0:
             return 0
         values = to_storage(self.spec, checked_values(self.spec, chunk), self.narrowing)
-        rows, new = self.index.upsert(chunk.keys)
-        self._grow_file(self.index.size)
-        self._write_rows(rows, values)
-        with self._lock:  # write-through: cached copies follow the file
-            slots = self._slot_of[rows]
+        with self._lock:  # the reclaim thread reads the index and punches the file
+            rows, new = self.index.upsert(chunk.keys)
+            self._grow_file(self.index.size)
+            self._write_rows(rows, values)
+            slots = self._slot_of[rows]  # write-through: cached copies follow the file
             cached = slots >= 0
             if cached.any():
                 self._cache[slots[cached]] = values[cached]
         write_meta(self, rows, chunk, self._row_capacity)
         return new
 
+    def remove(self, keys: np.ndarray) -> int:
+        """Drop the rows of ``keys`` it holds (others are ignored): out of the index and the DRAM
+        cache now; their file rows are reused by later upserts, and the blocks left wholly free
+        are given back by the table's reclaim thread (own files only). Returns how many it held."""
+        with self._lock:
+            rows = self.index.remove(keys)
+            if not len(rows):
+                return 0
+            slots = self._slot_of[rows]
+            cached = slots >= 0
+            self._cache_row[slots[cached]] = -1  # the slots are taken first by later misses
+            self._ref[slots[cached]] = 0
+            self._slot_of[rows] = -1
+            forget_meta(self, rows)
+            if self._added is None and self.reclaim_off is None:
+                self._reclaim_rows.append(rows)
+                if self._reclaimer is None:
+                    self._reclaimer = threading.Thread(target=self._reclaim, name="ssd-reclaim", daemon=True)
+                    self._reclaimer.start()
+        return len(rows)
+
+    def _reclaim(self) -> None:
+        """The reclaim thread: punch the blocks of freed rows while some are pending."""
+        while True:
+            with self._lock:
+                pending, self._reclaim_rows = self._reclaim_rows, []
+                if not pending or self._fd < 0:
+                    self._reclaimer = None
+                    return
+                self._punch(np.unique(np.concatenate(pending)))
+
+    def _punch(self, rows: np.ndarray) -> None:
+        """Give back the blocks holding ``rows`` (freed) whose rows are all free (under the lock)."""
+        rb, file_rows = self.row_bytes, self._file_rows
+        free = np.zeros(file_rows + 1, bool)
+        held_free = self.index.free_rows
+        free[held_free[held_free < file_rows]] = True
+        running = np.concatenate(([0], np.cumsum(free[:file_rows])))
+        blocks = np.unique(np.concatenate((rows * rb // BLOCK, ((rows + 1) * rb - 1) // BLOCK)))
+        blocks = blocks[(blocks + 1) * BLOCK <= file_rows * rb]  # whole blocks of the file only
+        first, last = blocks * BLOCK // rb, ((blocks + 1) * BLOCK - 1) // rb
+        blocks = blocks[running[last + 1] - running[first] == last - first + 1]
+        breaks = np.flatnonzero(np.diff(blocks) != 1) + 1
+        for run in np.split(blocks, breaks):
+            if not len(run):
+                continue
+            why = punch_hole(self._fd, int(run[0]) * BLOCK, len(run) * BLOCK)
+            if why is not None:
+                self.reclaim_off = why
+                log.warning("feature store dram_ssd: %s: freed rows are reused, but their blocks are not "
+                            "given back (%s)", self.path, why)
+                return
+
+    def wait_reclaimed(self) -> None:
+        """Return once the reclaim thread has given back what was pending (tests, release)."""
+        thread = self._reclaimer
+        if thread is not None:
+            thread.join()
+
     def nbytes(self) -> dict[str, int]:
         meta = sum(a.nbytes for a in (self.freqs, self.versions) if a is not None)
         out = {"dram_cache": int(self._cache.nbytes + self._cache_row.nbytes + self._ref.nbytes),
                "index": self.index.nbytes + int(self._slot_of.nbytes), "metadata": int(meta),
-               "ssd": int(min(self.index.size, self._file_rows) * self.row_bytes)}
+               "ssd": int(min(self.index.count, self._file_rows) * self.row_bytes),
+               "ssd_allocated": int(os.fstat(self._fd).st_blocks * 512) if self._fd >= 0 else 0}
         if self._added is not None:
             out["dram_added_rows"] = int(self._added.nbytes)
         return out
@@ -272,6 +372,9 @@ class TieredTable:
     def close(self, remove_file: bool = True) -> None:
         """Unmap and close the file; remove it unless ``remove_file`` is False (a file the
         first worker wrote for all: :class:`~.shared_tables.SharedTables` removes it)."""
+        with self._lock:
+            self._reclaim_rows = []  # the reclaim thread ends at its next round
+        self.wait_reclaimed()
         self._rows_view = None
         if self._map is not None:
             try:

@@ -53,8 +53,8 @@ def test_model_info_keeps_its_keys_and_plain_strings(store):
     m.start()
     info = m.info()
     assert list(info) == ["name", "state", "last_error", "pinned", "history", "failed_versions", "updates",
-                          "warmup", "feature_store", "watcher", "version_policy", "versions", "memory", "version",
-                          "signature", "session_group"]
+                          "warmup", "feature_store", "watcher", "version_policy", "versions", "memory", "freshness",
+                          "version", "signature", "session_group"]
     assert type(info["state"]) is str
     assert list(info["version"]) == ["label", "full_step", "delta_step", "deltas_applied", "mode", "why",
                                      "savedmodel_dir", "full_checkpoint", "delta_checkpoint", "run_dir"]
