@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import spans
 from ..errors import DeadlineExceeded, ProcessorError, Unavailable, as_processor_error
 from ..tracing.tracer import now_us
 from . import merge
@@ -257,11 +258,14 @@ class Batcher:
             feeds = merge.merge([r.feeds for r in live], padded, self._pad_variable)
             started_us = now_us() if traced else 0.0
             if traced:
-                lane, outputs, engine = group.run_traced(feeds, aliases)
+                full = any(r.trace.engine_trace for r in traced)  # a timeline's request is in it
+                lane, outputs, engine = group.run_traced(feeds, aliases, full)
                 ended_us = now_us()
                 for r in traced:
                     r.trace.stages.append(("queue", r.enqueued_us, started_us - r.enqueued_us))
                     r.trace.lane, r.trace.engine, r.trace.run_window = lane, engine, (started_us, ended_us)
+                spans.batch_ran([(r.trace, r.enqueued_us) for r in traced], started_us, ended_us, lane, rows,
+                                len(live), spans.backend_name(group))
             else:
                 outputs = group.run_on(index % group.lanes, feeds, aliases)
             parts = merge.split(outputs, [r.rows for r in live], padded)
@@ -327,6 +331,6 @@ def _run_alone(group, feeds: merge.Feeds, aliases: tuple[str, ...], trace) -> li
     if trace is None:
         return group.run(feeds, aliases)
     started = now_us()
-    trace.lane, outputs, trace.engine = group.run_traced(feeds, aliases)
+    trace.lane, outputs, trace.engine = group.run_traced(feeds, aliases, trace.engine_trace)
     trace.run_window = (started, now_us())
     return outputs

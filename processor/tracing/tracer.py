@@ -81,6 +81,8 @@ class TraceRecorder:
     Used by one request thread, then handed to :meth:`Tracer.submit`.
     """
 
+    engine_trace = True  # the engine runs with its full per-op trace (an OpenTelemetry one: not)
+
     def __init__(self, tracer: Tracer, step: int, ordinal: int) -> None:
         self.tracer = tracer
         self.step = step

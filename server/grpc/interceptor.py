@@ -13,7 +13,9 @@ then for every call:
   they are INVALID_ARGUMENT, counted and logged like any bad request;
 * the call tracked (``ServingRuntime.track``: drain gate, in-flight gauge, metrics, access log)
   under the model the :class:`Method` names;
-* any error mapped once (:func:`fail`: ``STATUS_TABLE``'s status and the message).
+* any error mapped once (:func:`fail`: ``STATUS_TABLE``'s status and the message);
+* with tracing on (server/otel.py), the ``traceparent`` / ``tracestate`` metadata read for the
+  call's edge span, and a traced call's ``traceparent`` sent back in the trailing metadata.
 
 Handlers under it are ``async def handler(request, context)`` that return the response message
 or raise; where a method's model work runs is theirs to say, through ``ServingRuntime.serve``
@@ -36,6 +38,7 @@ from processor.echo import shorten
 from processor.errors import InvalidArgument, edge_error
 
 from ..logs import new_request_id, request_id_var
+from ..otel import edge_trace
 from ..runtime import ServingRuntime
 
 log = logging.getLogger("server.grpc")
@@ -164,31 +167,44 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):
         method = self._methods.get(details.method)
         if handler is None or method is None or handler.unary_unary is None:
             return handler
-        wrapped = grpc.unary_unary_rpc_method_handler(self._wrap(method, handler.unary_unary),
+        wrapped = grpc.unary_unary_rpc_method_handler(self._wrap(details.method, method, handler.unary_unary),
                                                       response_serializer=handler.response_serializer)
         self._wrapped[details.method] = wrapped
         return wrapped
 
-    def _wrap(self, method: Method, handler: Handler) -> Handler:
+    def _wrap(self, name: str, method: Method, handler: Handler) -> Handler:
+        """``handler`` of the method at path ``name``, as the module doc says."""
         rt = self.rt
 
         async def call(data: bytes, context: grpc.aio.ServicerContext) -> Any:
             rid = new_request_id(metadata(context, ("x-request-id",)))
             token, size_token = request_id_var.set(rid), request_bytes.set(len(data))
             context.set_trailing_metadata((("x-request-id", rid),))
+            otel = rt.otel
+            edge = otel.grpc_edge(context.invocation_metadata(), len(data), name) if otel is not None else None
+            if edge is not None:  # the sampler picked it
+                edge_token = edge_trace.set(edge)
             try:
                 request, problem = method.parse(data)
                 if problem is None and not method.tracked:
                     return await handler(request, context)
                 model = method.model(request, context) if problem is None else ""
-                with rt.track(model, "grpc", method.api):
+                with rt.track(model, "grpc", method.api) as track:
                     if problem is not None:
                         raise problem
-                    return await handler(request, context)
+                    response = await handler(request, context)
+                    if track.traced is not None:
+                        track.traced.reply(response)
+                    return response
             except Exception as exc:
                 fail(context, exc)
                 return None
             finally:
                 request_id_var.reset(token)
                 request_bytes.reset(size_token)
+                if edge is not None:
+                    edge_trace.reset(edge_token)
+                    if edge.span is not None:
+                        context.set_trailing_metadata((("x-request-id", rid),
+                                                       ("traceparent", edge.response_traceparent())))
         return call

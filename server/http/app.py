@@ -41,6 +41,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from ..logs import new_request_id, request_id_var
+from ..otel import edge_trace
 from ..runtime import ServingRuntime
 from . import admin, errors, probe_routes, processor_routes, repository, tfs_routes, v2
 from .predict import PredictRoutes
@@ -77,7 +78,9 @@ def create_http_app(rt: ServingRuntime) -> Any:
 
 class RequestContext:
     """ASGI middleware: request id (``X-Request-ID`` in and out), case-insensitive ``/v1/models``,
-    and the predict hot path (POSTs to predict URLs go straight to :class:`PredictRoutes`)."""
+    and the predict hot path (POSTs to predict URLs go straight to :class:`PredictRoutes`); with
+    tracing on, the request's W3C trace context (server/otel.py: ``traceparent`` in, and out when
+    the request was traced)."""
 
     def __init__(self, app: FastAPI, predict: PredictRoutes) -> None:
         self.app = app
@@ -99,21 +102,31 @@ class RequestContext:
         rid = new_request_id(given)
         token = request_id_var.set(rid)
         header = (b"x-request-id", rid.encode())
+        otel = self.predict.rt.otel
+        edge = otel.http_edge(scope["headers"], scope["method"]) if otel is not None else None
+        if edge is not None:  # the sampler picked it
+            edge_token = edge_trace.set(edge)
         try:
             handler = self.predict.route(path) if scope["method"] == "POST" else None
             if handler is not None:
                 reply = await handler(receive, scope["headers"])
-                await send({"type": "http.response.start", "status": reply.status, "headers": [
-                    (b"content-type", reply.content_type.encode()),
-                    (b"content-length", str(len(reply.body)).encode()), header, *reply.headers]})
+                headers = [(b"content-type", reply.content_type.encode()),
+                           (b"content-length", str(len(reply.body)).encode()), header, *reply.headers]
+                if edge is not None and edge.span is not None:
+                    headers.append((b"traceparent", edge.response_traceparent().encode()))
+                await send({"type": "http.response.start", "status": reply.status, "headers": headers})
                 await send({"type": "http.response.body", "body": reply.body})
                 return
 
             async def send_with_id(message) -> None:
                 if message["type"] == "http.response.start":
                     message["headers"] = [*message.get("headers", []), header]
+                    if edge is not None and edge.span is not None:
+                        message["headers"].append((b"traceparent", edge.response_traceparent().encode()))
                 await send(message)
 
             await self.app(scope, receive, send_with_id)
         finally:
             request_id_var.reset(token)
+            if edge is not None:
+                edge_trace.reset(edge_token)

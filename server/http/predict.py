@@ -136,11 +136,14 @@ async def tracked(rt: ServingRuntime, model: str, api: str, work: Callable[[], A
     """``await work()`` as one HTTP ``api`` request to ``model`` (``rt.track``); a request the
     drain timeout cuts off is Unavailable; any error is answered with ``on_error(exc)``."""
     try:
-        with rt.track(model, "http", api):
+        with rt.track(model, "http", api) as track:
             try:
-                return await work()
+                reply = await work()
             except asyncio.CancelledError:  # the drain timeout cut the request off
                 raise Unavailable("the server shut down before the request finished") from None
+            if track.traced is not None:
+                track.traced.reply(reply)
+            return reply
     except Exception as exc:
         return on_error(exc)
 
@@ -271,8 +274,11 @@ class PredictRoutes:
         """``work()`` as one HTTP ``api`` request to ``model``, here and now (``rt.track``); any
         error is answered through the one mapping. The lean path's :func:`tracked`."""
         try:
-            with self.rt.track(model, "http", api):
-                return work()
+            with self.rt.track(model, "http", api) as track:
+                reply = work()
+                if track.traced is not None:
+                    track.traced.reply(reply)
+                return reply
         except Exception as exc:
             return error_reply(exc)
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from processor.errors import ProcessorError
 
-from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE
 from ..runtime import ServingRuntime
 from .errors import INFO_ERRORS, error_response
 
@@ -59,8 +59,12 @@ def register_metrics(app: FastAPI, rt: ServingRuntime) -> None:
 
     @app.get("/metrics", tags=["metrics"], summary="Prometheus metrics")
     @app.get("/monitoring/prometheus/metrics", tags=["metrics"], summary="Prometheus metrics (TF Serving path)")
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        # a scraper that takes OpenMetrics gets it: the latency exemplars (traced requests' ids)
+        if "application/openmetrics-text" in request.headers.get("accept", ""):
+            return Response(rt.metrics.render(openmetrics=True), media_type=OPENMETRICS_CONTENT_TYPE)
         return Response(rt.metrics.render(), media_type=METRICS_CONTENT_TYPE)
+
     extra = getattr(rt.deployment, "prometheus_path", None)
     if extra is not None and extra not in ("/metrics", "/monitoring/prometheus/metrics"):
         app.add_api_route(extra, metrics, methods=["GET"], include_in_schema=False)

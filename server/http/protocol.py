@@ -34,6 +34,7 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from ..logs import new_request_id, request_id_var
+from ..otel import EdgeTrace, edge_trace
 from .predict import Later, Reply, header
 
 from ..tls import client_identity
@@ -331,37 +332,48 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         rid = new_request_id(header(exchange.headers, b"x-request-id"))
         keep_alive = self.parser.should_keep_alive() and self.parser.get_http_version() != "1.0"
         answer = exchange.now
+        otel = self.inline.rt.otel  # tracing on: the request's trace context (server/otel.py)
+        edge = otel.http_edge(exchange.headers, "POST", len(exchange.body)) if otel is not None else None
         if answer.__class__ is Later:
             context = contextvars.copy_context()
             context.run(request_id_var.set, rid)
+            if edge is not None:
+                context.run(edge_trace.set, edge)
             task = self._later = self.loop.create_task(
-                self._answer_later(answer, exchange.body, exchange.headers, rid, keep_alive), context=context)
+                self._answer_later(answer, exchange.body, exchange.headers, rid, keep_alive, edge), context=context)
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
             return
         token = request_id_var.set(rid)
+        if edge is not None:
+            edge_token = edge_trace.set(edge)
         try:
             reply = answer(bytes(exchange.body), exchange.headers)
         finally:
             request_id_var.reset(token)
-        self._write(reply, rid, keep_alive and not self._close_after_later)
+            if edge is not None:
+                edge_trace.reset(edge_token)
+        self._write(reply, rid, keep_alive and not self._close_after_later, edge)
 
-    async def _answer_later(self, later: Later, body: bytearray, headers: list, rid: str, keep_alive: bool) -> None:
+    async def _answer_later(self, later: Later, body: bytearray, headers: list, rid: str, keep_alive: bool,
+                            edge: EdgeTrace | None) -> None:
         """``later``'s answer, written once it is ready; ``body`` is the exchange's own buffer
         (no copy: a large body is not held twice), which nothing writes to any more."""
         try:
             reply = await later.run(body, headers)
         finally:
             self._later = None
-        self._write(reply, rid, keep_alive and not self._close_after_later)
+        self._write(reply, rid, keep_alive and not self._close_after_later, edge)
 
-    def _write(self, reply: Reply, rid: str, keep_alive: bool) -> None:
-        """The whole response in one write; then the connection waits for its next request, or
-        is closed."""
+    def _write(self, reply: Reply, rid: str, keep_alive: bool, edge: EdgeTrace | None = None) -> None:
+        """The whole response in one write (with a traced request's ``traceparent``); then the
+        connection waits for its next request, or is closed."""
         out = [STATUS_LINE[reply.status]]
         out += [b"%s: %s\r\n" % kv for kv in self.server_state.default_headers]
         out.append(b"content-type: %s\r\ncontent-length: %d\r\nx-request-id: %s\r\n"
                    % (reply.content_type.encode(), len(reply.body), rid.encode()))
+        if edge is not None and edge.span is not None:
+            out.append(b"traceparent: %s\r\n" % edge.response_traceparent().encode())
         out += [b"%s: %s\r\n" % kv for kv in reply.headers]
         out.append(b"\r\n" if keep_alive else b"connection: close\r\n\r\n")
         out.append(reply.body)
