@@ -167,8 +167,12 @@ def _check_shape(spec: TensorSpec, shape: tuple[int, ...]) -> None:
                               f"signature expects rank {len(expected)} (shape {list(expected)})")
     for got, want in zip(shape, expected):
         if want >= 0 and got != want:
+            # one row for every row (a ranking request's context) is taken only where the first
+            # dimension is free: say so, since that is what such a client meant
+            why = ("; only an input whose first dimension the signature leaves free may be sent as one row "
+                   "for every row" if shape[0] == 1 and expected[0] > 1 else "")
             raise InvalidArgument(f"input {spec.alias!r}: shape {list(shape)} given, "
-                                  f"signature expects {list(expected)}")
+                                  f"signature expects {list(expected)}{why}")
 
 
 def fill_proto(proto: predict_pb2.ArrayProto, array: np.ndarray) -> None:

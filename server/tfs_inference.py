@@ -21,7 +21,10 @@ As TF Serving does (``servables/tensorflow/classifier.cc``, ``regressor.cc``,
 
 Beyond TF Serving (a superset; its own requests behave as there): the signature's one input may
 have any alias as long as it is DT_STRING, so Predict signatures over serialized examples (a
-ranking model's ``examples`` input) take ``ExampleListWithContext`` too; a Regress signature's
+ranking model's ``examples`` input) take ``ExampleListWithContext`` too; a signature of named
+features (not one DT_STRING input) takes the examples feature by feature, the context's
+features as one row for every row (:mod:`.tfs_features`: a ranking model's user side then runs
+once per request, :mod:`processor.context`); a Regress signature's
 single output may have any alias, and a Classify signature without ``classes`` / ``scores`` but
 with one DT_FLOAT output reads it as the scores. The method name is not checked (TF Serving's
 default, ``--enable_signature_method_name_check=false``).
@@ -36,12 +39,13 @@ from typing import Any
 
 import numpy as np
 
-from processor.dtypes import DT_FLOAT, DT_STRING, dtype_name
+from processor.dtypes import DT_FLOAT
 from processor.echo import cut
 from processor.errors import InvalidArgument, SignatureNotFound
 from processor.request import PredictCall, PredictResult
 from processor.signature import Signature
 
+from .tfs_features import feature_arrays, takes_features
 from .tfs_messages import messages
 
 CLASSIFY = "tensorflow/serving/classify"
@@ -67,18 +71,6 @@ def examples_tensor(input_proto) -> np.ndarray:
     return out
 
 
-def _examples_input(signature: Signature) -> str:
-    """The alias of the signature's input that takes the serialized examples."""
-    if len(signature.inputs) != 1:
-        raise InvalidArgument("Expected one input Tensor.")
-    alias, spec = next(iter(signature.inputs.items()))
-    if spec.dtype != DT_STRING:
-        raise InvalidArgument(f"No classification or regression inputs found in SignatureDef "
-                              f"{signature.name!r}: its input {alias!r} is {dtype_name(spec.dtype)}, "
-                              f"not DT_STRING serialized tf.Example")
-    return alias
-
-
 Wanted = tuple[int | None, str | None]  # the version or label a request names
 
 
@@ -88,18 +80,32 @@ def wanted_of(spec) -> Wanted:
             spec.version_label if spec.HasField("version_label") else None)
 
 
-def _call(model: str, examples: np.ndarray, spec, deadline: float | None, wanted: Wanted | None,
+def _call(model: str, input_proto, spec, deadline: float | None, wanted: Wanted | None,
           routing_key: str | None = None) -> PredictCall:
     """The DataPlane call of one classify / regress request: the examples fed to the signature's
-    input, every output fetched, shapes left to the graph. ``wanted``: the version or label (None:
-    ``spec``'s; REST passes its URL's, which may exceed the proto's int64); ``routing_key``: the
-    call's (see the module doc)."""
+    input (serialized, the context merged into each), or, for a signature of named features, read
+    feature by feature with the context's features as one row (:mod:`.tfs_features`); every
+    output fetched, shapes left to the graph. ``wanted``: the version or label (None: ``spec``'s;
+    REST passes its URL's, which may exceed the proto's int64); ``routing_key``: the call's (see
+    the module doc)."""
     version, label = wanted if wanted is not None else wanted_of(spec)
 
     def decode(signature: Signature) -> dict[str, np.ndarray]:
-        return {_examples_input(signature): examples}
+        if takes_features(signature):
+            return feature_arrays(input_proto, signature)
+        return {next(iter(signature.inputs)): examples_tensor(input_proto)}  # its one DT_STRING input
     return PredictCall(model, decode, version=version, label=label, signature_name=spec.signature_name,
                        deadline=deadline, check_shapes=False, routing_key=routing_key)
+
+
+def _example_count(input_proto) -> int:
+    """The number of examples of ``input_proto`` (the answer's rows); InvalidArgument if none."""
+    kind = input_proto.WhichOneof("kind")
+    n = (len(input_proto.example_list.examples) if kind == "example_list" else
+         len(input_proto.example_list_with_context.examples) if kind == "example_list_with_context" else 0)
+    if not n:
+        raise InvalidArgument("Input is empty.")
+    return n
 
 
 def _run(dataplane, call: PredictCall) -> PredictResult:
@@ -126,11 +132,11 @@ def regress(dataplane, request, deadline: float | None = None, wanted: Wanted | 
 def _answer(dataplane, request, deadline: float | None, wanted: Wanted | None, response, fill,
             routing_key: str | None):
     """Run a classify / regress ``request``; ``fill`` writes the outputs into ``response.result``."""
-    examples = examples_tensor(request.input)
-    result = _run(dataplane, _call(request.model_spec.name, examples, request.model_spec, deadline, wanted,
+    n = _example_count(request.input)
+    result = _run(dataplane, _call(request.model_spec.name, request.input, request.model_spec, deadline, wanted,
                                    routing_key))
     _model_spec(response.model_spec, request.model_spec, result)
-    fill(response.result, result.signature, result.outputs, len(examples))
+    fill(response.result, result.signature, result.outputs, n)
     return response
 
 
@@ -151,8 +157,8 @@ def multi_inference(dataplane, request, deadline: float | None = None, routing_k
         seen.add(name)
         if task.method_name not in (CLASSIFY, REGRESS):
             raise InvalidArgument(f"Unsupported signature method_name: {cut(task.method_name)}")
-    examples = examples_tensor(request.input)
-    call = _call(model, examples, tasks[0].model_spec, deadline, None, routing_key)
+    n = _example_count(request.input)
+    call = _call(model, request.input, tasks[0].model_spec, deadline, None, routing_key)
     try:
         results = dataplane.predict_each(call, [t.model_spec.signature_name for t in tasks])
     except SignatureNotFound as exc:
@@ -162,9 +168,9 @@ def multi_inference(dataplane, request, deadline: float | None = None, routing_k
         item = response.results.add()
         _model_spec(item.model_spec, task.model_spec, result)
         if task.method_name == CLASSIFY:
-            fill_classifications(item.classification_result, result.signature, result.outputs, len(examples))
+            fill_classifications(item.classification_result, result.signature, result.outputs, n)
         else:
-            fill_regressions(item.regression_result, result.signature, result.outputs, len(examples))
+            fill_regressions(item.regression_result, result.signature, result.outputs, n)
     return response
 
 

@@ -201,6 +201,16 @@ Engine::Result Engine::serve(const Plan& plan, int lane, const uint8_t* data, si
   if (lane < 0 || lane >= lanes()) return Result::kNotTaken;
   ParsedRequest req;
   if (!parse_request(data, size, plan, req)) return Result::kNotTaken;
+  // Inputs the signature takes per row (first dimension free) must agree on their rows: a
+  // request sending one of them as a single row for every row (a ranking request's context)
+  // is answered by the Python path, which broadcasts it exactly (processor/context).
+  int64_t rows = -1;
+  for (const ParsedInput& in : req.inputs) {
+    const InputSpec& spec = plan.inputs[in.spec];
+    if (!spec.has_shape || spec.shape.empty() || spec.shape[0] != -1 || in.shape.empty()) continue;
+    if (rows < 0) rows = in.shape[0];
+    else if (in.shape[0] != rows) return Result::kNotTaken;
+  }
 
   const size_t n_in = req.inputs.size();
   // Input buffers are the calling thread's, reused request after request: no allocation and no

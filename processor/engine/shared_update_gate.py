@@ -187,6 +187,11 @@ class SharedUpdateGate(UpdateGate):
         log.info("delta %d: written into %s for every worker", step, self._name)
         return True
 
+    def weights_stamp(self) -> int:
+        """The segment's last delta written, by any worker (``APPLIED``): another worker's write
+        changes it before this process applies that delta itself."""
+        return self._words[APPLIED]
+
     def state(self) -> dict[str, int | None]:
         """The segment's delta state (the last step written, the step half-written if any) and
         how many deltas this process wrote."""

@@ -80,3 +80,9 @@ class UpdateGate:
         cross-process gate (:mod:`.shared_update_gate`) skips a delta another process wrote."""
         write()
         return True
+
+    def weights_stamp(self) -> int:
+        """A number that changes whenever another process writes the weights this gate guards
+        (what caches of results computed from them follow: :mod:`processor.context.cache`);
+        always 0 here: only this process writes, and its writes go through :meth:`apply`."""
+        return 0

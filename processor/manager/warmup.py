@@ -350,15 +350,26 @@ def _warm_batch_sizes(group, plan: WarmupPlan, decoded: list, config) -> dict:
         return out
     batch, template, _ = max(usable, key=lambda item: item[0])
     largest = None if plan.source == "synthetic" else batch
+    # a declared context's part (processor/context) runs on requests sending it as one row: warm
+    # those runs too, at every size, so a ranking request never meets a cold part
+    context = getattr(group, "context", None)
+    part = context.part if context is not None else None
     for size in warmup_batch_sizes(config, largest):
         feeds = _resized(template.feeds, batch, size)
         output_filter = [key for key, _ in template.fetches]
+        aliases = tuple(alias for _, alias in template.fetches)
+        once = ({a: (v[:1] if a in part.context_inputs else v) for a, v in feeds.items()}
+                if part is not None and size > 1 else None)
         try:
             data = codec.encode_request(feeds, output_filter)
             for _ in range(SIZE_ROUNDS):
                 for lane in range(group.lanes):
                     _replay(group, lane, data)
                     out["batch_runs"] += 1
+                    if once is not None:
+                        with group.gate.shared():
+                            context.warm(lane, once, aliases)
+                        out["context_runs"] = out.get("context_runs", 0) + 1
         except ProcessorError as err:
             log.warning("warmup at batch size %d failed (larger sizes not warmed): %s", size, err.message)
             out["batch_sizes_skipped"] = f"batch size {size}: {err.message}"

@@ -97,6 +97,7 @@ class OnnxRuntimeBackend:
         self._pinned = pinned
         self.lanes = len(plan.lanes)
         self._sessions: list[Any] = []
+        self._part_sessions: list[Any] = []  # sessions of graph parts (part_runs), closed with the rest
         self._lane_run: list[Any] = []
         self._engine = None
         self._parameters: Parameters | None = None
@@ -352,6 +353,36 @@ class OnnxRuntimeBackend:
         except Exception as exc:
             raise _engine_error(exc) from exc
 
+    def feeds_by_name(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Checked feeds by alias as the graph takes them: by tensor name, strings hashed or
+        decoded where the graph wants that (what :meth:`run_binding` feeds)."""
+        return self._feeds(feeds)
+
+    @property
+    def model_path(self) -> str:
+        """The prepared ONNX graph every session runs (a cache entry's ``model.onnx``)."""
+        return self._prepared.model_path
+
+    @property
+    def splits_graph(self) -> bool:
+        """Whether device placement split the graph (each lane runs two sessions)."""
+        return self._split is not None
+
+    def part_runs(self, model_path: str, parameters: frozenset[str], role: str) -> list[Any]:
+        """One binding ``run(names, feeds, options)`` per lane of a session over ``model_path``, a
+        part of this model's graph written beside it (the context partition,
+        :mod:`.context_part`): opened as the lanes' own sessions are (same devices, threads and
+        pinning), over the same parameter buffers for ``parameters`` (no copy; deltas reach
+        them), closed with the backend. Raises Internal when ONNX Runtime cannot load it."""
+        sessions = []
+        held = frozenset(self._parameters.names())
+        for index in range(self._plan.sessions):
+            device, cpus = self._session_target(index)
+            part = placement.Part(role, model_path, device, parameters & held)
+            sessions.append(self._open_session(index, part, cpus))
+        self._part_sessions.extend(sessions)
+        return [sessions[d.session]._sess.run for d in self._plan.lanes]
+
     def wire_server(self, codec):
         """The native engine's whole-request path for ``codec``'s plan (see :mod:`.native_engine`)."""
         plan, engine = codec.native_plan, self._engine
@@ -490,6 +521,7 @@ class OnnxRuntimeBackend:
         # Sessions first, then the buffers they read: each place frees its memory once the last
         # of its sessions is gone (at once, unless a caller still holds one: a benchmark's bare engine call).
         self._sessions = []
+        self._part_sessions = []
         self._lane_run = []
         self._engine = None
         parameters, self._parameters = self._parameters, None

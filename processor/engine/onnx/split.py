@@ -114,23 +114,14 @@ def split_at_lookups(model_path: str) -> SplitGraph | str:
     def part(indices: list[int], outs: list[str], extra_inputs: tuple[str, ...], name: str):
         nodes = [graph.node[i] for i in indices]
         reads = {ref for n in nodes for ref in n.input if ref}
-        made = {out for n in nodes for out in n.output}
         kept_constants = [graph.node[i] for i in sorted(constants) if set(graph.node[i].output) & reads]
-        made |= {out for n in kept_constants for out in n.output}
-        inputs = [i for i in graph.input if i.name in graph_inputs and i.name in reads]
-        inputs += [types[b] for b in extra_inputs]
-        sub = onnx.helper.make_graph(
-            [*kept_constants, *nodes], name, inputs, [types[o] if o in types else _by_name(graph.output, o) for o in outs],
-            [initializers[r] for r in sorted(reads) if r in initializers and r not in made])
-        sub.value_info.extend(v for v in inferred.graph.value_info if v.name in made and v.name not in outs)
-        return onnx.helper.make_model(sub, opset_imports=model.opset_import, ir_version=model.ir_version,
-                                      producer_name="serving-processor split")
+        return sub_model(model, inferred, types, [*kept_constants, *nodes], extra_inputs, outs, name)
 
     first = part(sorted(embedding), [*boundary, *embedding_outputs], (), "embedding")
     second = part(dense, [o for o in outputs if o not in embedding_made], boundary, "dense")
     directory = Path(model_path).parent
     try:
-        paths = [_write(directory, EMBEDDING_FILE, first), _write(directory, DENSE_FILE, second)]
+        paths = [write_beside(directory, EMBEDDING_FILE, first), write_beside(directory, DENSE_FILE, second)]
     except OSError as exc:
         return f"the parts cannot be written next to {model_path}: {exc}: not split"
 
@@ -145,6 +136,29 @@ def split_at_lookups(model_path: str) -> SplitGraph | str:
                       reads_of(first), reads_of(second), len(embedding), len(dense))
 
 
+def sub_model(model, inferred, types: dict[str, Any], nodes: list, extra_inputs: tuple[str, ...] | list[str],
+              outs: list[str], name: str):
+    """A model of ``nodes`` (of ``model``'s graph, in topological order) computing ``outs``:
+    its inputs are the graph inputs the nodes read plus ``extra_inputs`` (tensors another part
+    computes), its initializers those the nodes read (external data references kept, so it must
+    be written beside ``model``); ``types``: value infos by tensor name (of ``inferred``, the
+    shape-inferred model)."""
+    import onnx
+
+    graph = model.graph
+    initializers = {t.name: t for t in graph.initializer}
+    reads = {ref for n in nodes for ref in n.input if ref}
+    made = {out for n in nodes for out in n.output}
+    inputs = [i for i in graph.input if i.name not in initializers and i.name in reads]
+    inputs += [types[b] for b in extra_inputs]
+    sub = onnx.helper.make_graph(
+        nodes, name, inputs, [types[o] if o in types else _by_name(graph.output, o) for o in outs],
+        [initializers[r] for r in sorted(reads) if r in initializers and r not in made])
+    sub.value_info.extend(v for v in inferred.graph.value_info if v.name in made and v.name not in outs)
+    return onnx.helper.make_model(sub, opset_imports=model.opset_import, ir_version=model.ir_version,
+                                  producer_name="serving-processor split")
+
+
 def _axis(node) -> int:
     return next((a.i for a in node.attribute if a.name == "axis"), 0)
 
@@ -153,7 +167,7 @@ def _by_name(values, name: str):
     return next(v for v in values if v.name == name)
 
 
-def _write(directory: Path, filename: str, model) -> str:
+def write_beside(directory: Path, filename: str, model) -> str:
     """Write ``model`` to ``directory/filename`` atomically (concurrent writers write the same bytes)."""
     fd, temp = tempfile.mkstemp(prefix=f".{filename}.", dir=directory)
     try:
