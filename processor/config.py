@@ -37,6 +37,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .batching.settings import BatchingConfig
+from .context.settings import ContextCacheConfig
 from .echo import shorten  # also imported from here by the engines and the deployment
 from .errors import ConfigError
 from .prediction_log.settings import LoggingConfig
@@ -170,6 +171,12 @@ class ModelConfig(BaseModel):
     batching: BatchingConfig | None = Field(None, strict=False)  # a JSON object; its keys are strict
     # Ours: prediction logging (TF Serving's logging_config, with a collector); None: off.
     logging_config: LoggingConfig | None = Field(None, strict=False)  # a JSON object; its keys are strict
+    # Ours (issue 47, processor/context/): the inputs a ranking request may send as one row for
+    # every row (the user's), whose part of the model runs once per request; None: any input
+    # whose first dimension is free may come as one row (broadcast by tiling, computed per row).
+    # context_cache keeps that part's results across requests (needs context_inputs).
+    context_inputs: tuple[str, ...] | None = None
+    context_cache: ContextCacheConfig | None = Field(None, strict=False)  # a JSON object; its keys are strict
 
     # --- updates, warmup, rollback ----------------------------------------------------------
     model_update_inter_threads: int = Field(0, ge=0, le=1024)
@@ -194,6 +201,10 @@ class ModelConfig(BaseModel):
     # Ours: "cumulative" deltas (DeepRec's: each holds every change since its full) or "chain"
     # (each holds the changes since the previous delta; a version applies all of them in order).
     delta_mode: Literal["cumulative", "chain"] = "cumulative"
+    # Ours (Monolith's expirable embeddings): at each delta of step S, drop the rows whose last
+    # update (their version, else their checkpoint's step) is more than this many steps before S,
+    # as if the delta removed them; DRAM / DRAM+SSD stores only. None: rows never expire.
+    row_ttl_steps: int | None = Field(None, ge=1)
 
     # --- feature store ----------------------------------------------------------------------
     feature_store_type: FeatureStoreType = "memory"
@@ -257,6 +268,19 @@ class ModelConfig(BaseModel):
                 or any(not isinstance(v, str) or not v.strip() for v in value)):
             raise ValueError("must be a list of paths of shared libraries, like [\"/opt/ops/libmy_ops.so\"]")
         return tuple(v.strip() for v in value)
+
+    @field_validator("context_inputs", mode="before")
+    @classmethod
+    def _context_inputs(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        if (not isinstance(value, list) or not value or len(value) > 1024
+                or any(not isinstance(v, str) or not v.strip() for v in value)):
+            raise ValueError("must be a non-empty list of input names, like [\"user_seq\", \"user_dense\"]")
+        names = tuple(v.strip() for v in value)
+        if len(set(names)) != len(names):
+            raise ValueError("names an input twice")
+        return names
 
     @field_validator("warmup_batch_sizes", mode="before")
     @classmethod
@@ -327,6 +351,12 @@ class ModelConfig(BaseModel):
         if self.timeline_path is not None and not (
                 self.timeline_path.startswith("/") or "://" in self.timeline_path):
             raise ValueError(f"timeline_path: must be an absolute path or a URL, got {shorten(self.timeline_path)}")
+        if self.row_ttl_steps is not None and self.feature_store_type in ("redis", "cluster_redis"):
+            raise ValueError("row_ttl_steps: the Redis stores keep no row's step; it needs the DRAM or DRAM+SSD "
+                             "store (ev_storage_type 1 or 12)")
+        if self.context_cache is not None and self.context_inputs is None:
+            raise ValueError("context_cache: needs context_inputs (the cache keeps what the declared context "
+                             "inputs' part of the model computes)")
         if self.ev_storage_type == 12 and not self.ev_storage_path:
             raise ValueError("ev_storage_path: required when ev_storage_type is 12 (DRAM+SSD)")
         if (self.embedding_dtype != "float32" and self.ev_storage_type == 0

@@ -43,6 +43,13 @@ Timeline tracing: a model with a :class:`~processor.tracing.Tracer` has each pre
 counted; the requests it picks run the same path with every stage timed (parse, acquire, decode,
 run, encode inside ``request``) and the engine's full per-op trace. Untraced requests pay one
 truthiness check of a dict that is empty unless some model still has traces to take.
+
+OpenTelemetry (issue 46): a call the server's sampler picked (its edge set
+:data:`processor.spans.current`) takes the same stage-by-stage path with a
+:class:`~processor.spans.SpanRecorder`, each stage a span, the engine untraced; a wire request
+is decoded and encoded by the native codec (as the hot path's fallback does), a batching model's
+goes through the reference batcher (its queue wait and batch become spans). Every other call pays
+one context variable read. A call the timeline traces gets no stage spans.
 """
 
 from __future__ import annotations
@@ -54,7 +61,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from . import codec
+from . import codec, spans
+from .batching import merge
 from .batching.model_batching import ModelBatching
 from .prediction_log import PredictionLogger
 from .prediction_log.record import Pending
@@ -70,6 +78,7 @@ from .tracing.tracer import UNTIMED, now_us
 log = logging.getLogger(__name__)
 
 _WIRE = (bytes, bytearray, memoryview)
+_sampled = spans.current.get  # the sampled request's span, else None: the request path's one check
 
 
 class DataPlane:
@@ -138,6 +147,8 @@ class DataPlane:
             self._gone(model)
         version = self._version(call, router)
         rec = self._begin_trace(model) if self._tracers else None
+        if rec is None and _sampled() is not None:  # OpenTelemetry's: each stage a span
+            rec = spans.SpanRecorder()
         result = None
         if self._loggers:
             logger = self._loggers.get(model)
@@ -157,6 +168,8 @@ class DataPlane:
     def try_inline(self, call: PredictCall, max_bytes: int) -> PredictResult | None:
         """:meth:`predict` of ``call`` here and now when it is a small request the engine
         serves without the GIL; None when it is not (run :meth:`predict` on a thread instead).
+        A call OpenTelemetry sampled runs here too, stage by stage (its spans), unless its
+        model logs predictions.
 
         For event loops: a thread-pool hop costs more CPU than a batch-1 request on the native
         ONNX Runtime engine, so the HTTP and gRPC edges call this first. Taken: untraced,
@@ -176,12 +189,15 @@ class DataPlane:
         if manager is None or router is None:
             return None
         version = self._version(call, router)
+        rec = spans.SpanRecorder() if _sampled() is not None else None
         logger = self._loggers.get(model) if self._loggers else None
+        if rec is not None and logger is not None:
+            return None  # spans and a log record: predict() on a thread
         pending = logger.begin(call) if logger is not None else None
         if pending is not None:
             result = self._logged(logger, pending, manager, call, version, None, inline=True)
         else:
-            result = self._call(manager, call, version, None, inline=True)
+            result = self._call(manager, call, version, rec, inline=True)
         if self._inlined.get(model) is not (result is not None):
             self._inlined[model] = result is not None
         if result is not None and router.routing.shadow is not None:
@@ -236,7 +252,8 @@ class DataPlane:
             served = prepared.served()
             if group is not prepared.group() or served is None:
                 return None
-            arrays = served.run(feeds, prepared.aliases)
+            with spans.stage("engine.run"):
+                arrays = served.run(feeds, prepared.aliases)
             _note(group.version)
             return PredictResult({key: array for (key, _), array in zip(prepared.fetches, arrays)},
                                  group.version, served.signature)
@@ -258,7 +275,7 @@ class DataPlane:
         model, inputs = call.model, call.inputs
         batching = self._batching.get(model)
         if (batching is None or inputs.__class__ not in _WIRE or not inputs or model in self._tracers
-                or model in self._loggers):
+                or model in self._loggers or _sampled() is not None):
             return None
         manager = self._managers.get(model)
         router = self._routers.get(model)
@@ -370,14 +387,15 @@ class DataPlane:
             rec.error = str(exc)
             raise
         finally:
-            rec.tracer.submit(rec)  # never raises
+            if rec.tracer is not None:  # a timeline's (a SpanRecorder's spans have ended)
+                rec.tracer.submit(rec)  # never raises
 
     def _call(self, manager, call: PredictCall, version: int | None, rec: TraceRecorder | None,
               pending: Pending | None = None, inline: bool = False) -> PredictResult | None:
         """One acquire of the served group, the call's checks against it, then the hot path (an
         untraced, unbatched wire request: the group's ``serve``) or :meth:`_answer`; a logged
         call's ``pending`` learns the group. ``inline``: None, having run nothing, unless the
-        group serves natively (:meth:`try_inline`)."""
+        group serves natively and its native path takes the request (:meth:`try_inline`)."""
         if rec is None:
             handle = manager.acquire_handle(version)
         else:
@@ -396,6 +414,11 @@ class DataPlane:
                 group = check_call(group, call.signature_name)
             inputs = call.inputs
             if rec is None and inputs.__class__ in _WIRE and inputs and call.model not in self._batching:
+                if inline:
+                    served = group.serve(inputs, True)
+                    if served is None:  # not taken natively (a one-row context...): run it on a thread
+                        return None
+                    return wire_result(served, group.version, group.signature)
                 return wire_result(group.serve(inputs), group.version, group.signature)
             return self._answer(call, group, rec, pending)
         except ProcessorError:
@@ -418,6 +441,8 @@ class DataPlane:
         batching = self._batching.get(call.model)
         if wire and rec is None:
             return PredictResult(batching.serve(group, inputs, call.deadline), group.version, signature)
+        if wire and not rec.engine_trace:
+            return self._spanned(call, group, rec, batching, pending)
         stage = rec.stage if rec is not None else UNTIMED
         with stage("parse"):
             if wire:
@@ -436,12 +461,33 @@ class DataPlane:
             try:
                 outputs = _run(group, decoded, batching, call.deadline, rec)
             finally:
-                if rec is not None and rec.run_window is None:  # batched runs set the merged call's window
+                # batched runs set the merged call's window; an OpenTelemetry run has its span
+                if rec is not None and rec.engine_trace and rec.run_window is None:
                     rec.run_window = (timed.start, now_us())
         if wire:
             with stage("encode"):
                 outputs = codec.encode_response(outputs)
         return PredictResult(outputs, group.version, signature)
+
+    def _spanned(self, call: PredictCall, group, rec: spans.SpanRecorder, batching: ModelBatching | None,
+                 pending: Pending | None) -> PredictResult:
+        """A wire request OpenTelemetry sampled, on the acquired ``group``: decoded and encoded
+        by the group's codec (the native one, as ``SessionGroup.serve``'s fallback), run
+        untraced (a batching model's through the reference batcher, which makes its queue and
+        batch spans), each stage a span of ``rec``; a logged call's ``pending`` gets the inputs."""
+        with rec.stage("decode"):
+            feeds, keys, aliases = group.codec.decode(call.inputs)
+        if pending is not None:
+            pending.feeds = feeds
+        with rec.stage("run"):
+            if batching is not None:
+                arrays = batching.batcher.run(group, feeds, aliases, call.deadline, rec)
+            else:
+                rec.lane, arrays, _ = group.run_traced(feeds, aliases, False)
+            _engine_attributes(group, feeds, rec.lane)
+        with rec.stage("encode"):
+            outputs = group.codec.encode(keys, arrays)
+        return PredictResult(outputs, group.version, group.signature)
 
     def predict_many(self, name: str, requests: Sequence[bytes | memoryview]) -> list[bytes | ProcessorError]:
         """:meth:`predict` of each serialized request, one result (response bytes or the error)
@@ -539,7 +585,20 @@ def _run(group, decoded: codec.DecodedRequest, batching: ModelBatching | None = 
     if batching is not None:
         arrays = batching.batcher.run(group, decoded.feeds, aliases, deadline, rec)
     elif rec is not None:
-        rec.lane, arrays, rec.engine = group.run_traced(decoded.feeds, aliases)
+        rec.lane, arrays, rec.engine = group.run_traced(decoded.feeds, aliases, rec.engine_trace)
     else:
         arrays = group.run(decoded.feeds, aliases)
+    if rec is not None and not rec.engine_trace:
+        _engine_attributes(group, decoded.feeds, rec.lane)
     return {key: array for (key, _), array in zip(decoded.fetches, arrays)}
+
+
+def _engine_attributes(group, feeds: dict[str, np.ndarray], lane: int | None) -> None:
+    """The ``engine.run`` span's attributes (a sampled request's, inside that span)."""
+    attributes = {"sp.backend": spans.backend_name(group)}
+    rows = merge.request_rows(feeds)
+    if rows is not None:
+        attributes["sp.rows"] = rows
+    if lane is not None:
+        attributes["sp.lane"] = lane
+    spans.annotate(attributes)

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from .config import (ModelConfig, describe_validation_error, expect_object, parse_json, read_json_file,
                      shorten, unknown_key_message)
 from .errors import ConfigError
+from .otel_settings import TracingSettings
 from .routing import LABEL_PATTERN, RoutingSettings, ShadowSettings
 
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$"
@@ -133,6 +134,9 @@ class DeploymentConfig(BaseModel):
     # Runtime native engine, no batching, tracing or prediction logging) run on the edge's own
     # thread, not the model's pool: the hop costs more than such a request; 0: always the pool
     inline_max_request_bytes: int = Field(8192, ge=0, le=1 << 20)
+    # OpenTelemetry traces of requests, loads and deltas, exported over OTLP (issue 46,
+    # server/otel.py); absent: off. Not the timelines (a model_config's timeline_* keys)
+    tracing: TracingSettings | None = Field(None, strict=False)
     log_format: Literal["json", "text"] = "json"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     enable_docs: bool = True
@@ -355,6 +359,8 @@ class DeploymentConfig(BaseModel):
         out = self.model_dump(mode="json", exclude={"models"}, by_alias=True)
         if out.get("admin_token"):
             out["admin_token"] = "***"
+        if self.tracing is not None:
+            out["tracing"] = self.tracing.redacted()
         out["models"] = [{"name": m.name, "model_config": m.config.redacted(),
                           "version_labels": m.version_labels, "traffic": m.traffic,
                           "shadow": m.shadow.model_dump() if m.shadow is not None else None,

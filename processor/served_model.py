@@ -223,6 +223,26 @@ class ServedModel:
         features = self.manager.features
         return features.metrics.snapshot() if features is not None else None
 
+    def context_stats(self) -> dict[str, Any] | None:
+        """The default version's context counters and cache (:meth:`processor.context.runner
+        .ContextRunner.stats`; counted per served version, so a new version starts at 0), or None
+        when no version serves, its requests cannot broadcast, or the manager is a test fake."""
+        acquire = getattr(self.manager, "acquire", None)
+        if acquire is None or not self.manager.ready:
+            return None
+        try:
+            with acquire() as group:
+                context = getattr(group, "context", None)
+                return context.stats() if context is not None and context.may_broadcast else None
+        except (NotFound, Unavailable):
+            return None
+
+    def freshness(self) -> dict[str, Any] | None:
+        """How old each served version's parameters are (the manager's ``freshness_info``:
+        :mod:`processor.manager.freshness`), or None from a manager without it (test fakes)."""
+        describe = getattr(self.manager, "freshness_info", None)
+        return describe() if describe is not None else None
+
     def batching_info(self) -> dict[str, Any] | None:
         """The batching settings and counters (the reference queue and the served version's
         native one), or None without batching."""

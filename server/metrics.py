@@ -16,16 +16,34 @@ Read at scrape time from the live objects of the process that answers the scrape
   failed updates (the watcher's included, refused loads too) and the duration of the last
   update of each kind; the bytes each served version holds by part
   (``sp_model_memory_bytes{model, version, part}``); its shadow copies by outcome
-  (``sp_shadow_requests{model, outcome}``: offered, ran, failed, dropped, shed);
+  (``sp_shadow_requests{model, outcome}``: offered, ran, failed, dropped, shed); freshness
+  (:mod:`processor.manager.freshness`): per served version (its number) the age of the parameters
+  it serves (``sp_model_data_age_seconds``: now minus when its served step was written) and that
+  step (``sp_model_served_step``), and the deltas' publication-to-serving time
+  (``sp_model_delta_publish_to_serve_seconds``, a histogram);
 * batching (models with ``batching``, :meth:`processor.dataplane.DataPlane.batching_info`): merged
   batch sizes and queue waits (histograms), requests and rows queued, requests run alone, retried
   alone after a failed merged call, refused (queue full) or expired;
 * feature stores (:meth:`~processor.served_model.ServedModel.feature_store_metrics`, filled on the
   request path by the store, see :mod:`processor.features.store_metrics`): lookup latency
   (histogram, per model and store), per table the ids looked up, default vectors served and the
-  hits / misses of each cache tier, Redis connection errors and reconnects;
+  hits / misses of each cache tier, rows deltas removed and rows ``row_ttl_steps`` expired, Redis
+  connection errors and reconnects;
 * prediction logging (models with ``logging_config``): records written / dropped (queue full) /
-  failed, write and upload errors, records queued.
+  failed, write and upload errors, records queued;
+* a ranking request's context (models whose requests may send inputs once for every row,
+  :mod:`processor.context`; the served default version's, so a new version starts at 0):
+  ``sp_context_requests{path}`` (its part run once, tiled, refused), with ``context_cache``
+  ``sp_context_cache_lookups{result}`` (hit, miss), ``sp_context_cache_bytes``,
+  ``sp_context_cache_entries``, ``sp_context_cache_dropped{reason}`` (evicted, expired,
+  invalidated by a delta).
+
+OpenTelemetry tracing (``tracing``, server/otel.py): ``sp_tracing_spans{outcome}``, the spans
+exported, dropped (the export queue was full) and lost in failed exports; a sampled request's
+trace and span ids are its latency observation's exemplar, shown in the OpenMetrics exposition
+(:meth:`ServerMetrics.render` with ``openmetrics``; a scraper asking for
+``application/openmetrics-text`` gets it; not with worker processes, whose file-backed metrics
+keep no exemplars).
 """
 
 from __future__ import annotations
@@ -39,6 +57,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 UNKNOWN_MODEL = "_unknown"  # label for requests naming no served model (bounded cardinality)
 _LATENCY_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10)
 _UPDATE_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -64,6 +83,12 @@ class _ModelStateCollector(Collector):
                                  labels=["model", "version", "part"])
         shadow = CounterMetricFamily("sp_shadow_requests", "shadow copies of requests, by outcome",
                                      labels=["model", "outcome"])
+        age = GaugeMetricFamily("sp_model_data_age_seconds", "now minus when the step a version serves was "
+                                "written (the checkpoint's timestamp, else its mtime)", labels=["model", "version"])
+        step = GaugeMetricFamily("sp_model_served_step", "the training step whose parameters a version serves",
+                                 labels=["model", "version"])
+        publish = HistogramMetricFamily("sp_model_delta_publish_to_serve_seconds", "from a delta's writing to "
+                                        "its serving, deltas applied in place", labels=["model"])
         for model in self._models():
             name = model.name
             ready.add_metric([name], 1.0 if model.ready else 0.0)
@@ -74,6 +99,14 @@ class _ModelStateCollector(Collector):
             for number, parts in model.memory().items():
                 for part, value in parts.items():
                     held.add_metric([name, number, part], float(value))
+            fresh = getattr(model, "freshness", lambda: None)()
+            if fresh is not None:
+                for v in fresh["versions"]:
+                    step.add_metric([name, str(v["version"])], float(v["served_step"]))
+                    if v["data_age_seconds"] is not None:
+                        age.add_metric([name, str(v["version"])], float(v["data_age_seconds"]))
+                h = fresh["delta_publish_to_serve_seconds"]
+                publish.add_metric([name], [(_le(b), float(n)) for b, n in h["buckets"]], sum_value=h["sum"])
             for outcome, value in model.shadow.stats().items():
                 if outcome in ("offered", "ran", "failed", "dropped", "shed"):
                     shadow.add_metric([name, outcome], float(value))
@@ -84,7 +117,7 @@ class _ModelStateCollector(Collector):
             for kind, key in (("full", "last_full_load_seconds"), ("delta", "last_delta_seconds")):
                 if stats.get(key) is not None:
                     last.add_metric([name, kind], float(stats[key]))
-        yield from (ready, version, count, full, deltas, failed, last, held, shadow)
+        yield from (ready, version, count, full, deltas, failed, last, held, shadow, age, step, publish)
 
 
 class _BatchingCollector(Collector):
@@ -165,6 +198,9 @@ class _FeatureStoreCollector(Collector):
                                    "cache tier", labels=["model", "table", "tier"])
         misses = CounterMetricFamily("sp_feature_store_cache_misses", "distinct ids of a lookup a cache "
                                      "tier did not hold", labels=["model", "table", "tier"])
+        removed = CounterMetricFamily("sp_feature_store_rows_removed", "rows deltas removed", labels=["model", "table"])
+        expired = CounterMetricFamily("sp_feature_store_rows_expired", "rows dropped at a delta for row_ttl_steps",
+                                      labels=["model", "table"])
         errors = CounterMetricFamily("sp_feature_store_redis_errors", "Redis connection errors and "
                                      "timeouts", labels=["model"])
         reconnects = CounterMetricFamily("sp_feature_store_redis_reconnects", "recoveries after a Redis "
@@ -184,10 +220,48 @@ class _FeatureStoreCollector(Collector):
                     hits.add_metric([name, table, tier], float(n))
                 for tier, n in c["misses"].items():
                     misses.add_metric([name, table, tier], float(n))
+                removed.add_metric([name, table], float(c["removed"]))
+                expired.add_metric([name, table], float(c["expired"]))
             if snap["store"] in ("redis", "cluster_redis"):
                 errors.add_metric([name], float(snap["redis_errors"]))
                 reconnects.add_metric([name], float(snap["redis_reconnects"]))
-        yield from (latency, ids, defaults, hits, misses, errors, reconnects)
+        yield from (latency, ids, defaults, hits, misses, removed, expired, errors, reconnects)
+
+
+class _ContextCollector(Collector):
+    """Reads :meth:`processor.served_model.ServedModel.context_stats` of every model (issue 47)."""
+
+    _PATHS = (("context_once", "context_once"), ("tiled", "tiled"), ("refused", "refused"))
+    _DROPS = (("evicted", "evictions"), ("expired", "expired"), ("invalidated", "invalidations"))
+
+    def __init__(self, models: Callable[[], Iterable[Any]]) -> None:
+        self._models = models
+
+    def collect(self):
+        requests = CounterMetricFamily("sp_context_requests", "requests sending a context once for every row: its "
+                                       "part run once, tiled, or refused", labels=["model", "path"])
+        lookups = CounterMetricFamily("sp_context_cache_lookups", "context cache lookups", labels=["model", "result"])
+        held = GaugeMetricFamily("sp_context_cache_bytes", "bytes the context cache holds", labels=["model"])
+        entries = GaugeMetricFamily("sp_context_cache_entries", "contexts the cache holds", labels=["model"])
+        dropped = CounterMetricFamily("sp_context_cache_dropped", "cached contexts dropped: evicted, expired, "
+                                      "or every one at a delta (invalidated)", labels=["model", "reason"])
+        for model in self._models():
+            stats = getattr(model, "context_stats", lambda: None)()
+            if stats is None:
+                continue
+            name = model.name
+            for path, key in self._PATHS:
+                requests.add_metric([name, path], float(stats[key]))
+            cache = stats["cache"]
+            if cache is None:
+                continue
+            lookups.add_metric([name, "hit"], float(cache["hits"]))
+            lookups.add_metric([name, "miss"], float(cache["misses"]))
+            held.add_metric([name], float(cache["bytes"]))
+            entries.add_metric([name], float(cache["entries"]))
+            for reason, key in self._DROPS:
+                dropped.add_metric([name, reason], float(cache[key]))
+        yield from (requests, lookups, held, entries, dropped)
 
 
 def _le(bound: float | str) -> str:
@@ -202,9 +276,10 @@ class RequestMetrics:
     def __init__(self, count, latency, error) -> None:
         self._count, self._latency, self._error = count, latency, error
 
-    def observe(self, seconds: float) -> None:
+    def observe(self, seconds: float, exemplar: dict[str, str] | None = None) -> None:
+        """One request of ``seconds``; ``exemplar``: its trace's ids (a traced request)."""
         self._count.inc()
-        self._latency.observe(seconds)
+        self._latency.observe(seconds, exemplar)
         if self._error is not None:
             self._error.inc()
 
@@ -235,6 +310,8 @@ class ServerMetrics:
                                         ["model", "kind"], buckets=_UPDATE_BUCKETS, registry=r)
         self.update_failures = Counter("sp_model_update_failures", "model loads that failed",
                                        ["model", "kind"], registry=r)
+        self.tracing_spans = Counter("sp_tracing_spans", "OpenTelemetry spans exported, dropped (the export "
+                                     "queue was full) or lost in a failed export", ["outcome"], registry=r)
         # workers > 1 (server/supervisor.py sets PROMETHEUS_MULTIPROC_DIR before a worker starts;
         # prometheus_client reads it at import): the metrics above are written to files there and
         # a scrape reads every worker's (MultiProcessCollector); the collectors below read this
@@ -250,6 +327,7 @@ class ServerMetrics:
         self._scrape.register(_ModelStateCollector(models))
         self._scrape.register(_FeatureStoreCollector(models))
         self._scrape.register(_PredictionLogCollector(models))
+        self._scrape.register(_ContextCollector(models))
         if batching is not None:
             self._scrape.register(_BatchingCollector(batching))
 
@@ -278,5 +356,14 @@ class ServerMetrics:
         if not ok:
             self.update_failures.labels(model, kind).inc()
 
-    def render(self) -> bytes:
+    def count_spans(self, outcome: str, spans: int) -> None:
+        """``spans`` OpenTelemetry spans had ``outcome`` (exported, dropped, export_failed)."""
+        self.tracing_spans.labels(outcome).inc(spans)
+
+    def render(self, openmetrics: bool = False) -> bytes:
+        """The exposition: Prometheus' text format, or ``openmetrics`` (with exemplars)."""
+        if openmetrics:
+            from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+
+            return generate_openmetrics(self._scrape)
         return generate_latest(self._scrape)

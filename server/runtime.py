@@ -41,6 +41,7 @@ from .logs import request_id_var
 from .metrics import UNKNOWN_MODEL, ServerMetrics
 from .model_pool import ModelPool
 from .model_set import ModelSet
+from .otel import Tracing
 
 log = logging.getLogger("server")
 
@@ -61,6 +62,8 @@ class ServingRuntime:
         self.cpu_meter = CpuMeter()  # the edges' event loops register their threads (watch)
         self.dataplane.set_busy(self.cpu_meter.busy)
         self.metrics = ServerMetrics(lambda: self.models, self._batching_info)
+        # OpenTelemetry traces (server/otel.py); None: off, and the request path checks only this
+        self.otel = Tracing.from_deployment(deployment, self.metrics.count_spans)
         self.admin_token = deployment.resolved_admin_token()
         self.access_log = AccessLog(deployment.access_log, deployment.access_log_sample_rate)
         entries = {e.name: e for e in deployment.models}
@@ -351,6 +354,8 @@ class ServingRuntime:
             for waiter in list(self._waiters.values()):
                 waiter.close()
             self.access_log.close()
+            if self.otel is not None:
+                self.otel.close()
 
 
 class RequestTrack:
@@ -358,9 +363,12 @@ class RequestTrack:
     every request). On enter: the drain gate (Unavailable once draining) and the in-flight
     gauge. On exit: the request's metrics (pre-bound children, :meth:`ServerMetrics.request`),
     and its access-log line: a failure at once with its code and message, a success through
-    :class:`~server.access_log.AccessLog`'s writer thread when sampled."""
+    :class:`~server.access_log.AccessLog`'s writer thread when sampled. With tracing on, the
+    request's edge span when sampled (``traced``, a :class:`~server.otel.RequestSpan`, else
+    None; the edge sets its response size), ended on exit with the outcome, its trace id the
+    latency histogram's exemplar."""
 
-    __slots__ = ("rt", "model", "protocol", "api", "started", "entered", "note", "token")
+    __slots__ = ("rt", "model", "protocol", "api", "started", "entered", "note", "token", "traced")
 
     def __init__(self, rt: ServingRuntime, model: str, protocol: str, api: str) -> None:
         self.rt, self.model, self.protocol, self.api = rt, model, protocol, api
@@ -373,6 +381,8 @@ class RequestTrack:
         if rt.routes_versions(self.model):  # the DataPlane writes the version that answered here
             self.note = [None, None]
             self.token = answer_note_var.set(self.note)
+        otel = rt.otel
+        self.traced = otel.begin(self.protocol, self.api, self.model) if otel is not None else None
         rt.metrics.in_flight_of(self.protocol).inc()
         try:
             rt.gate.enter()
@@ -400,15 +410,20 @@ class RequestTrack:
             version = rt.version_label(model) if known else "none"
         # the access log names the traffic arm that chose the version too: "2/canary"
         logged = version if note is None or note[1] is None else f"{version}/{note[1]}"
+        traced = self.traced
         if exc is None:
-            metrics.request(label, version, self.protocol, self.api, "OK").observe(seconds)
+            exemplar = traced.end(version) if traced is not None else None
+            metrics.request(label, version, self.protocol, self.api, "OK").observe(seconds, exemplar)
             rt.access_log.ok(self.protocol, self.api, model, logged, seconds, request_id_var.get())
             return
         if not isinstance(exc, Exception):  # cancelled, exiting: nothing to count
+            if traced is not None:
+                traced.end(version, cancelled=True)
             return
         err = as_processor_error(exc)
         code = err.code.name
-        metrics.request(label, version, self.protocol, self.api, code).observe(seconds)
+        exemplar = traced.end(version, err) if traced is not None else None
+        metrics.request(label, version, self.protocol, self.api, code).observe(seconds, exemplar)
         # a client's model name cut as error messages cut it
         AccessLog.error(self.protocol, self.api, cut(model), label, logged, code, err.message, seconds,
                         request_id_var.get())

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import spans
 from ..errors import ConfigError
 from . import placement
 from .key_replay import KeyReplay
@@ -270,7 +271,8 @@ class EmbeddingService:
             given = [feeds[i] for i in first]
             keys = phase1(*given) if fixed else phase1(*given, options=options)
             # rows come in the keys' shape + [dim]: the gathers' outputs, fed as they are
-            gathered = tables.lookup([(lk.table, keys[i]) for lk, i in zip(lookups, key_index)])
+            with spans.stage("feature_store.lookup"):  # a sampled request's span (StoreMetrics fills it)
+                gathered = tables.lookup([(lk.table, keys[i]) for lk, i in zip(lookups, key_index)])
             given = [feeds[i] for i in second]
             if fixed:
                 return phase2(*given, *gathered)
@@ -319,12 +321,15 @@ def version_id(version) -> str:
     return safe_name(f"{run}-{version.full_step}")
 
 
-def attach(graph, session, meta_graph, outputs: Sequence[str], prefix: str, version, features):
+def attach(graph, session, meta_graph, outputs: Sequence[str], prefix: str, version, features,
+           row_versions: bool = False):
     """Serve the graph's lookups from a store when one is configured or the checkpoint needs it.
 
     Returns ``(service or None, report)``. ``features`` is the model's FeatureStore (None for
     TensorFlow variables); an EmbeddingVariable-format checkpoint with no store configured is
-    served from a DRAM store (TensorFlow variables cannot hold it).
+    served from a DRAM store (TensorFlow variables cannot hold it). ``row_versions``: every row
+    the store loads gets a version, its checkpoint's step where the checkpoint gives none
+    (``row_ttl_steps`` needs one per row).
     """
     from ..features.dram_store import DramStore
     from ..features.ev_checkpoint import CheckpointTables, TableSource
@@ -356,7 +361,8 @@ def attach(graph, session, meta_graph, outputs: Sequence[str], prefix: str, vers
             raise ConfigError(f"table {lk.table!r}: the checkpoint's rows have dim {layout.dim}, the graph's {lk.dim}")
         lk.keyed_by = layout.keyed_by
         specs[lk.table] = TableSpec(lk.table, lk.dim, layout.keyed_by, layout.rows, dtype=store.dtype)
-    tables = store.open_version(version_id(version), specs, TableSource(prefix))
+    tables = store.open_version(version_id(version), specs,
+                                TableSource(prefix, step=version.full_step, stamp_versions=row_versions))
     if hasattr(tables, "filtered"):
         tables.filtered = {t: ev[t].filtered for t in specs if t in ev and ev[t].filtered}
     service = EmbeddingService(graph, session, lookups, tables, plan.describe())

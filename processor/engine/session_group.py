@@ -16,6 +16,13 @@ with more rows into chunks run in parallel on the lanes, all inside one shared h
 gate (one version), and refuses one over the row limit. :meth:`serve` sends serialized requests
 long enough to hold that many rows through the codec and :meth:`run`; shorter ones keep the
 native path (one length check).
+
+A ranking request's context (:mod:`processor.context`): where a request may send an input as
+one row for every row (two per-row inputs or more), the default signature's runs go through the
+group's :class:`~processor.context.runner.ContextRunner` (chunks of a split request too), which
+answers such a request as the tiled one, running the context part once where the model declares
+``context_inputs``; a delta empties its cache under the exclusive gate. Other signatures' broadcast
+requests are tiled.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..checkpoint.delta import Delta
+from ..context.runner import ContextRunner, OtherSignatures
 from ..memory import memory_parts
 from ..request import served_signature
 from ..signature import Signature
@@ -43,8 +51,13 @@ class SessionGroup:
     """Lanes over one backend, plus the version they serve. See the module doc."""
 
     def __init__(self, backend: Backend, policy: str, version: ModelVersion, load_seconds: float,
-                 batching=None, splitter: RowSplitter | None = None) -> None:
+                 batching=None, splitter: RowSplitter | None = None, context: ContextRunner | None = None) -> None:
         self.backend = backend
+        # A ranking request's context (processor/context): every run of the default signature goes
+        # through the runner where a request may send an input as one row for every row.
+        self.context = context
+        self._engine_run = context.run if context is not None and context.may_broadcast else backend.run
+        self._other_signatures = OtherSignatures()
         self.signature: Signature = backend.signature  # fixed for the group's life (read per request)
         # every signature the backend serves, by name (the default one included)
         self.signatures: dict[str, Signature] = dict(getattr(backend, "signatures", None) or
@@ -54,6 +67,8 @@ class SessionGroup:
         self.load_seconds = load_seconds
         self._policy = LanePolicy(policy, backend.lanes)
         self._gate = backend.update_gate()  # across worker processes where they share the weights
+        if context is not None:  # its cache follows other workers' writes into shared weights
+            context.weights_stamp = self._gate.weights_stamp
         self.codec = WireCodec(backend.signature, backend.fingerprinted_inputs)
         self._wire_server = backend.wire_server(self.codec)
         self.splitter = splitter
@@ -95,9 +110,11 @@ class SessionGroup:
                     chunks = splitter.chunks(signature, feeds)
                     if chunks is not None:
                         return splitter.run(signature, chunks, feeds, fetches,
-                                            lambda lane_, f, o: self.backend.run_signature(lane_, name, f, o))
+                                            lambda lane_, f, o: self.backend.run_signature(
+                                                lane_, name, self._other_signatures.tiled(signature, f), o))
                 lane = self._policy.pick()
-            return self.backend.run_signature(lane, name, feeds, fetches)
+            return self.backend.run_signature(lane, name, self._other_signatures.tiled(self.signatures[name], feeds),
+                                              fetches)
 
     def run(self, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]) -> list[np.ndarray]:
         """Run on the lane the policy picks for the calling thread; a request with more rows than
@@ -107,24 +124,26 @@ class SessionGroup:
             chunks = splitter.chunks(self.signature, feeds)
             if chunks is not None:
                 with self._gate.shared():
-                    return splitter.run(self.signature, chunks, feeds, fetches, self.backend.run)
+                    return splitter.run(self.signature, chunks, feeds, fetches, self._engine_run)
         return self._run_whole(feeds, fetches)
 
     def _run_whole(self, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]) -> list[np.ndarray]:
         gate = self._gate
         gate.enter_shared()  # not a `with`: this is the request path's hottest Python
         try:
-            return self.backend.run(self._policy.pick(), feeds, fetches)
+            return self._engine_run(self._policy.pick(), feeds, fetches)
         finally:
             gate.exit_shared()
 
-    def serve(self, data: bytes | memoryview) -> bytes:
+    def serve(self, data: bytes | memoryview, in_place: bool = False) -> bytes | None:
         """Serialized PredictRequest in, serialized PredictResponse out, on the policy's lane.
 
         The backend's whole-request native path when it has one (no GIL from the request bytes
         to the response bytes); requests it does not take (invalid ones, rare forms, engine
-        errors) and engines without one go through the codec and :meth:`run`, which give the
-        reference results and errors. Raises ProcessorError.
+        errors, a ranking request's one-row context) and engines without one go through the
+        codec and :meth:`run`, which give the reference results and errors. ``in_place`` (an
+        event loop's call: ``DataPlane.try_inline``): None instead, for the caller to run it on
+        a thread (the reference path may take milliseconds). Raises ProcessorError.
         """
         wire = self._wire_server
         whole = len(data) <= self._split_bytes  # too short to hold more rows than run whole
@@ -138,6 +157,8 @@ class SessionGroup:
                 gate.exit_shared()
             if out is not None:
                 return out
+        if in_place:
+            return None
         codec = self.codec
         feeds, keys, aliases = codec.decode(data)
         return codec.encode(keys, (self._run_whole if whole else self.run)(feeds, aliases))
@@ -178,28 +199,31 @@ class SessionGroup:
     def run_on(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]) -> list[np.ndarray]:
         """Run on a given lane (warmup visits every lane)."""
         with self._gate.shared():
-            return self.backend.run(lane, feeds, fetches)
+            return self._engine_run(lane, feeds, fetches)
 
-    def run_traced(self, feeds: dict[str, np.ndarray],
-                   fetches: tuple[str, ...]) -> tuple[int, list[np.ndarray], EngineTrace | None]:
+    def run_traced(self, feeds: dict[str, np.ndarray], fetches: tuple[str, ...],
+                   full: bool = True) -> tuple[int, list[np.ndarray], EngineTrace | None]:
         """``run`` with the engine's full tracing: (lane, outputs, engine trace or None).
 
         None when the backend cannot trace one call (no ``run_traced``, or NotImplementedError):
         the request then runs untraced. A request the splitter splits runs split, untraced.
+        ``full`` False: untraced, only the lane told (an OpenTelemetry span's attribute).
         """
         lane = self._policy.pick()
-        traced = getattr(self.backend, "run_traced", None)
+        traced = getattr(self.backend, "run_traced", None) if full else None
+        if traced is not None and self.context is not None and self.context.broadcasts(feeds):
+            traced = None  # the context runner's runs are not the engine's one traced call
         with self._gate.shared():
             chunks = self.splitter.chunks(self.signature, feeds) if self.splitter is not None else None
             if chunks is not None:
-                return lane, self.splitter.run(self.signature, chunks, feeds, fetches, self.backend.run), None
+                return lane, self.splitter.run(self.signature, chunks, feeds, fetches, self._engine_run), None
             if traced is not None:
                 try:
                     outputs, trace = traced(lane, feeds, fetches)
                     return lane, outputs, trace
                 except NotImplementedError:
                     pass
-            return lane, self.backend.run(lane, feeds, fetches), None
+            return lane, self._engine_run(lane, feeds, fetches), None
 
     def apply_delta(self, delta: Delta, version: ModelVersion) -> float:
         """Write a checked delta into the live weights; return the seconds requests were held."""
@@ -210,6 +234,8 @@ class SessionGroup:
             lane.close()
         try:
             with gate.exclusive():
+                if self.context is not None:
+                    self.context.invalidate()  # cached contexts hold the old weights' results
                 gate.apply(delta.step, lambda: self.backend.apply_delta(delta))  # skipped if another worker wrote it
                 self.version = version
         finally:
@@ -243,6 +269,7 @@ class SessionGroup:
             "load_seconds": round(self.load_seconds, 3),
             "request_codec": self.codec.describe(),
             "splitting": self.splitter.describe() if self.splitter is not None else None,
+            "context": self.context.describe() if self.context is not None else None,
             **self.backend.describe(),
         }
 
@@ -254,5 +281,7 @@ class SessionGroup:
             self.batch_queue = None
         if self.splitter is not None:
             self.splitter.close()
+        if self.context is not None:
+            self.context.close()
         self.backend.close()
 

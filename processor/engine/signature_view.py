@@ -48,12 +48,16 @@ class SignatureView:
     def run_on(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]) -> list[np.ndarray]:
         return self._group.run_signature(self.signature.name, lane, feeds, fetches)
 
-    def run_traced(self, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]):
-        """(lane, outputs, None): the engine trace is the default signature's only."""
+    def run_traced(self, feeds: dict[str, np.ndarray], fetches: tuple[str, ...], full: bool = True):
+        """(lane, outputs, None): the engine trace is the default signature's only (``full``
+        changes nothing)."""
         lane = self._group.pick_lane()
         return lane, self.run_on(lane, feeds, fetches), None
 
-    def serve(self, data: bytes | memoryview) -> bytes:
+    def serve(self, data: bytes | memoryview, in_place: bool = False) -> bytes | None:
+        """As :meth:`SessionGroup.serve`; ``in_place``: None (a view has no native path)."""
+        if in_place:
+            return None
         wire = self.codec
         feeds, keys, aliases = wire.decode(data)
         return wire.encode(keys, self.run(feeds, aliases))

@@ -20,15 +20,16 @@ from __future__ import annotations
 
 import os
 import threading
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from .. import shared_segments
 from ..config import ModelConfig, shorten
-from ..errors import Internal, InvalidArgument, NotFound, ProcessorError
+from ..errors import ConfigError, Internal, InvalidArgument, NotFound, ProcessorError
 from ..checkpoint.delta import Delta, VariableInfo, read_delta
-from ..features.ev_checkpoint import StoreDelta, TableSource, read_store_delta
+from ..features.ev_checkpoint import StoreDelta, read_store_delta
 from ..store.model_version import ModelVersion
 from . import device_plan, embedding_lookup, lane_graphs, op_libraries, pinning
 from .tf_signature import SERVE_TAGS, signature_from_def
@@ -154,7 +155,12 @@ class TensorFlowBackend:
                 prefix = version.full_prefix or os.path.join(version.savedmodel_dir, "variables", "variables")
                 # Embedding lookups served from a FeatureStore: their tables are never restored here.
                 self._embedding, self._embedding_report = embedding_lookup.attach(
-                    self._graph, self._session, meta_graph, outputs, prefix, version, features)
+                    self._graph, self._session, meta_graph, outputs, prefix, version, features,
+                    row_versions=config.row_ttl_steps is not None)
+                if self._embedding is None and config.row_ttl_steps is not None:
+                    raise ConfigError("row_ttl_steps: needs the embedding tables in the DRAM or DRAM+SSD store "
+                                      "(ev_storage_type 1 or 12, or an EmbeddingVariable checkpoint); TensorFlow "
+                                      "variables keep no row's step")
                 if self._embedding is None:
                     self._session.run(saver_def.restore_op_name, {saver_def.filename_tensor_name: prefix},
                                       options=self._update_options)
@@ -234,6 +240,28 @@ class TensorFlowBackend:
             raise InvalidArgument(f"the model rejected the input: {exc.message}") from None
         except tf.errors.OpError as exc:
             raise Internal(f"{type(exc).__name__}: {exc.message}") from exc
+
+    @property
+    def serving_graph(self):
+        """The graph the lanes run (graph copy 0's tensors unscoped), and whether its
+        embedding lookups are served from a feature store (then its runs are split runs)."""
+        return self._graph, self._embedding is not None
+
+    def tensor_callable(self, lane: int, feeds: list[str], fetches: list[str]):
+        """``fn(arrays) -> outputs``: ``lane``'s graph copy run feeding the tensors ``feeds`` and
+        fetching ``fetches`` (names in graph copy 0; any tensors: TensorFlow skips the ops that
+        fed tensors make unnecessary), with the lane's run options, through a C++ callable;
+        errors as :meth:`run`'s. Built per call (keep it). For the context partition
+        (:mod:`.tf_context`); not for graphs with store-served lookups."""
+        from tensorflow.core.protobuf.config_pb2 import CallableOptions
+
+        scope = self._lanes.copies[self._lanes.copy_of_lane[lane]].scope
+        options = CallableOptions(feed=[scope + n for n in feeds], fetch=[scope + n for n in fetches],
+                                  run_options=self._run_options[lane])
+        with self._callables_lock:
+            fn = self._session._make_callable_from_options(options)
+        invoke = self._invoke
+        return lambda args: invoke(fn, args)
 
     def wire_server(self, codec):
         """None: requests go through the codec and :meth:`run` (the session needs Python)."""
@@ -318,7 +346,9 @@ class TensorFlowBackend:
         stores got them in :meth:`stage_delta`), dense values to the session.
         """
         if isinstance(delta, StoreDelta) and self._embedding is not None:
-            self._embedding.tables.apply_delta(delta.chunks, delta.step)
+            ttl = self._config.row_ttl_steps
+            self._embedding.tables.apply_delta(delta.chunks, delta.step, removed=delta.removed,
+                                               **({} if ttl is None else {"expire_before": delta.step - ttl}))
             if delta.dense:
                 self._updater.apply(Delta(delta.step, dense=delta.dense))
             return
@@ -341,9 +371,9 @@ class TensorFlowBackend:
     def stage_delta(self, delta: Delta) -> None:
         """Before :meth:`apply_delta`, off the request path: write rows shared stores hold."""
         if isinstance(delta, StoreDelta) and self._embedding is not None:
-            source = TableSource(self._embedding.tables.source.full_prefix, delta.prefix, delta.step) \
-                if hasattr(self._embedding.tables, "source") else None
-            self._embedding.tables.stage_delta(delta.chunks, delta.step, source)
+            held = getattr(self._embedding.tables, "source", None)
+            source = replace(held, delta_prefix=delta.prefix, delta_step=delta.step) if held is not None else None
+            self._embedding.tables.stage_delta(delta.chunks, delta.step, source, removed=delta.removed)
 
     # --- facts ------------------------------------------------------------------------------
 

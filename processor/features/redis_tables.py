@@ -8,6 +8,7 @@ Thread-safe.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -15,12 +16,15 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import Internal, Unavailable
+from .. import spans
+from ..errors import ConfigError, Internal, Unavailable
 from .ev_checkpoint import TableSource
-from .key_layout import table_id
+from .key_layout import FIELD_DTYPE, table_id
 from .progress import LoadProgress
 from .row_cache import HotRowCache
 from .rows import LookupStats, Narrowing, RowChunk, TableSpec, in_keys_shape
+
+log = logging.getLogger("processor.features")
 
 
 class RedisVersionTables:
@@ -135,7 +139,12 @@ class RedisVersionTables:
             c = int(counts[p])
             commands.append((int(self.slots[p]), layout.pack_hmget(self.keys[p], fields[pos: pos + c])))
             pos += c
-        replies = store.run(commands)
+        if spans.current.get() is None:
+            replies = store.run(commands)
+        else:  # a sampled request's lookup: the round trip is a span of its own
+            with spans.stage("redis.pipeline", {"db.system": "redis", "sp.commands": len(commands),
+                                                "sp.keys": total}, leaf=True):
+                replies = store.run(commands)
         flat_sorted: list[bytes | None] = []
         for reply in replies:
             if isinstance(reply, Exception):
@@ -184,27 +193,44 @@ class RedisVersionTables:
 
     # --- updates ----------------------------------------------------------------------------
 
-    def stage_delta(self, rows: dict[str, RowChunk], step: int, source: TableSource | None = None) -> None:
-        """Write a delta's rows once for all replicas (see the module doc). The replica that
-        writes them first pins the rows it changes as they are now (:meth:`pin`), so its
-        requests see the old version whole until :meth:`apply_delta`, then the new one whole."""
+    def stage_delta(self, rows: dict[str, RowChunk], step: int, source: TableSource | None = None,
+                    removed: dict[str, np.ndarray] | None = None) -> None:
+        """Delete a delta's removed ids and write its rows once for all replicas (see the module
+        doc). The replica that writes them first pins the rows it changes or removes as they are
+        now (:meth:`pin`), so its requests see the old version whole until :meth:`apply_delta`,
+        then the new one whole."""
         if source is not None:
             self.source = source
-        self.store.write_delta(self, rows, step)
+        self.store.write_delta(self, rows, step, removed)
         self.delta_step = step
 
-    def pin(self, rows: dict[str, RowChunk]) -> None:
-        """Keep serving the served rows of ``rows``' ids until :meth:`apply_delta` (called with the
-        version's writer lock held, before the delta is written into Redis)."""
-        wanted = [(name, np.unique(np.asarray(chunk.keys, np.int64))) for name, chunk in rows.items()
-                  if name in self.specs and len(chunk)]
+    def pin(self, rows: dict[str, RowChunk], removed: dict[str, np.ndarray] | None = None) -> None:
+        """Keep serving the served rows of ``rows``' and ``removed``'s ids until :meth:`apply_delta`
+        (called with the version's writer lock held, before the delta is written into Redis)."""
+        ids: dict[str, list[np.ndarray]] = {}
+        for name, chunk in rows.items():
+            ids.setdefault(name, []).append(np.asarray(chunk.keys, np.int64))
+        for name, gone in (removed or {}).items():
+            ids.setdefault(name, []).append(np.asarray(gone, np.int64))
+        wanted = [(name, np.unique(np.concatenate(parts))) for name, parts in ids.items() if name in self.specs]
+        wanted = [(name, held) for name, held in wanted if len(held)]
         self._pinned = {name: (ids, got, present)
                         for (name, ids), (got, present) in zip(wanted, self._fetch(wanted))}
 
-    def apply_delta(self, rows: dict[str, RowChunk], step: int) -> None:
-        """Behind the update gate (no lookup in flight): the cached rows of the delta's ids take
-        the delta's values (as Redis now holds them: in the storage dtype), on every replica,
-        whoever wrote the delta into Redis; rows pinned by :meth:`pin` are let go."""
+    def apply_delta(self, rows: dict[str, RowChunk], step: int, removed: dict[str, np.ndarray] | None = None,
+                    expire_before: int | None = None) -> None:
+        """Behind the update gate (no lookup in flight): the hot-row cache forgets the delta's
+        removed ids and its cached rows of the delta's ids take the delta's values (as Redis now
+        holds them: in the storage dtype), on every replica, whoever wrote the delta into Redis;
+        rows pinned by :meth:`pin` are let go. ``expire_before`` (``row_ttl_steps``) is refused:
+        Redis keeps no row's step (the config check refuses it first)."""
+        if expire_before is not None:
+            raise ConfigError("row_ttl_steps: the Redis stores keep no row's step; use the DRAM or DRAM+SSD store")
+        for name, gone in (removed or {}).items():
+            if name in self.specs:
+                if self.cache is not None:
+                    self.cache.erase(name, np.asarray(gone, np.int64))
+                self.store.metrics.count_rows(name, removed=len(gone))
         if self.cache is not None:
             for name, chunk in rows.items():
                 spec = self.specs.get(name)
@@ -213,6 +239,16 @@ class RedisVersionTables:
                 values = np.asarray(chunk.values, np.float32).astype(spec.storage).astype(np.float32)
                 self.cache.update(name, np.asarray(chunk.keys, np.int64), values)
         self._pinned = None
+
+    def held_ids(self, table: str) -> np.ndarray:
+        """The ids of ``table`` this version holds in Redis, sorted: a scan of every partition
+        (``HKEYS``), for tests and tools, not the request path."""
+        tid = self.tids[table]
+        replies = self.store._checked(self.store.run([(int(s), ("HKEYS", k)) for k, s in zip(self.keys, self.slots)]))
+        fields = [f for reply in replies for f in reply if len(f) == FIELD_DTYPE.itemsize]
+        packed = np.frombuffer(b"".join(fields), FIELD_DTYPE) if fields else np.empty(0, FIELD_DTYPE)
+        mine = packed["table"] == ((np.uint32(tid) << np.uint32(8)) | np.uint32(1))
+        return np.sort(packed["id"][mine].astype(np.int64))
 
     def describe(self) -> dict[str, Any]:
         tables = {}

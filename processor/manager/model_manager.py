@@ -58,6 +58,7 @@ from ..store.model_store import ModelStore
 from ..store.model_version import ModelVersion
 from ..store.version_watcher import VersionWatcher
 from .. import load_priority, memory
+from .freshness import Freshness
 from .loader import VersionLoader
 from ..memory_budget import MemoryBudget, default_budget
 from .policy import Action, Failure, Retries, next_action, record_failure
@@ -106,6 +107,7 @@ class ModelManager:
         self._batching = batching  # the model's ModelBatching, for each group's native queue
         self._budget = budget if budget is not None else default_budget()  # the fit check before loads
         self._on_default: list[Callable[[SessionGroup | None], None]] = []  # follow_default's
+        self.freshness = Freshness()  # how old each served version's parameters are (freshness.py)
 
     @property
     def state(self) -> ModelState:
@@ -307,14 +309,18 @@ class ModelManager:
         if old is not None:
             old.retire()
         self._served(version, "full_loads", "last_full_load_seconds", self._clock.monotonic() - started, pinned)
+        if loaded.written is not None:
+            self.freshness.served(number, loaded.written)
 
     def _apply_delta_locked(self, group: SessionGroup, version: ModelVersion) -> None:
         started = self._clock.monotonic()
         applied = self.loader.apply_delta(group, version)
         self.stats["last_delta_hold_seconds"] = round(applied.hold_seconds, 6)
         self._served(version, "delta_updates", "last_delta_seconds", self._clock.monotonic() - started)
-        log.info("%s: applied delta %s (%d rows, %d dense tensors)", self.name, version.label,
-                 applied.rows, applied.dense)
+        if applied.written is not None:
+            self.freshness.served(version.number, applied.written, delta=True)
+        log.info("%s: applied delta %s (%d rows, %d removed, %d dense tensors)", self.name, version.label,
+                 applied.rows, applied.removed, applied.dense)
 
     def _served(self, version: ModelVersion, counter: str, timing: str, seconds: float,
                 pinned: bool = False) -> None:
@@ -473,6 +479,11 @@ class ModelManager:
         handle = self._current
         return handle is not None and handle.group.serves_natively
 
+    def freshness_info(self) -> dict[str, Any]:
+        """Each served version's served step, when it was written and its data age, and the
+        deltas' publication-to-serving histogram (:meth:`~.freshness.Freshness.describe`)."""
+        return self.freshness.describe(sorted(self._handles))
+
     def info(self) -> dict[str, Any]:
         handle = self._current
         out: dict[str, Any] = {
@@ -492,6 +503,7 @@ class ModelManager:
                           "full_step": v.full_step, "delta_step": v.delta_step}
                          for v in self.served_versions()],
             "memory": self.memory(),
+            "freshness": self.freshness_info(),
         }
         if handle is not None:
             group = handle.group

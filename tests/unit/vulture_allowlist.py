@@ -58,3 +58,12 @@ server_name
 
 # grpc.aio calls a server interceptor's hook for every call (server/grpc/interceptor.py).
 _.intercept_service
+
+# tools/otlp_receiver.py: grpcio calls the TraceService servicer's method by its name; http.server
+# calls and reads the request handler's hooks and flags.
+_.Export
+_.do_POST
+_.log_message
+_.protocol_version
+_.close_connection
+_.daemon_threads
