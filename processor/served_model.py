@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from .batching.model_batching import ModelBatching
 from .config import ModelConfig
 from .echo import cut, shorten
-from .errors import NotFound, Unavailable
+from .errors import NotFound, ProcessorError, Unavailable
 from .manager.model_manager import ModelManager
 from .prediction_log import PredictionLogger
 from .redaction import redact_url
@@ -226,7 +226,8 @@ class ServedModel:
     def context_stats(self) -> dict[str, Any] | None:
         """The default version's context counters and cache (:meth:`processor.context.runner
         .ContextRunner.stats`; counted per served version, so a new version starts at 0), or None
-        when no version serves, its requests cannot broadcast, or the manager is a test fake."""
+        when no version serves, its requests cannot broadcast, or the manager is a test fake.
+        Never raises: a metrics scrape reads it."""
         acquire = getattr(self.manager, "acquire", None)
         if acquire is None or not self.manager.ready:
             return None
@@ -234,7 +235,7 @@ class ServedModel:
             with acquire() as group:
                 context = getattr(group, "context", None)
                 return context.stats() if context is not None and context.may_broadcast else None
-        except (NotFound, Unavailable):
+        except ProcessorError:  # nothing serves (any code a manager answers with)
             return None
 
     def freshness(self) -> dict[str, Any] | None:
