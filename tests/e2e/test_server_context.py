@@ -19,6 +19,7 @@ pytest.importorskip("tensorflow")
 tritonclient = pytest.importorskip("tritonclient", reason="tritonclient is a dev dependency (scripts/setup.sh)")
 import tritonclient.grpc as tgrpc  # noqa: E402
 import tritonclient.http as thttp  # noqa: E402
+from test_server_kserve_v2 import infer_inputs  # noqa: E402
 
 SMALL = dict(items=1000, dim=8, seq=10, profile=2, profile_rows=50, profile_dim=4, user_dense=3, item_dense=2,
              user_hidden=(16, 8), item_hidden=(8, 4), head_hidden=(8, 4))
@@ -131,33 +132,18 @@ def test_tf_serving_rest_and_grpc_predict(server, channel, model):
         np.testing.assert_allclose(got, want, **TOL)
 
 
-DATATYPE = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64"}
-
-
-def v2_inputs(module, f, binary: bool):
-    out = []
-    for name, array in f.items():
-        tensor = module.InferInput(name, list(array.shape), DATATYPE[array.dtype])
-        if module is thttp:
-            tensor.set_data_from_numpy(array, binary_data=binary)
-        else:
-            tensor.set_data_from_numpy(array)
-        out.append(tensor)
-    return out
-
-
 @pytest.mark.parametrize("model", MODELS)
 def test_kserve_v2(server, model):
     f = feeds(7)
     want = ours_http(server, model, tiled(f))
     client = thttp.InferenceServerClient(server.http.removeprefix("http://"))
     for binary in (False, True, True):
-        result = client.infer(model, v2_inputs(thttp, f, binary),
+        result = client.infer(model, infer_inputs(thttp, f, binary),
                               outputs=[thttp.InferRequestedOutput("prob", binary_data=binary)])
         np.testing.assert_allclose(result.as_numpy("prob"), want, **TOL)
     gclient = tgrpc.InferenceServerClient(server.grpc_target)
     for _ in range(2):
-        np.testing.assert_allclose(gclient.infer(model, v2_inputs(tgrpc, f, True)).as_numpy("prob"), want, **TOL)
+        np.testing.assert_allclose(gclient.infer(model, infer_inputs(tgrpc, f, True)).as_numpy("prob"), want, **TOL)
 
 
 def _elwc(f):
