@@ -41,11 +41,17 @@ def tiled(feeds):
     return two_tower.tiled(feeds)
 
 
+# ONNX Runtime with per-session pools: global ones, once made, would be in force for every later
+# test in this process (tests/integration/test_onnxruntime_backend.py pins sessions)
+PER_SESSION = {"use_per_session_threads": True}
+
+
 def config(path, backend, **extra):
     from demo import two_tower
 
+    pools = PER_SESSION if backend == "onnxruntime" else {}
     return {"savedmodel_dir": str(path), "backend": backend, "session_num": 2,
-            "context_inputs": list(two_tower.USER_INPUTS), **extra}
+            "context_inputs": list(two_tower.USER_INPUTS), **pools, **extra}
 
 
 def answer(processor, feeds, output="prob"):
@@ -212,7 +218,7 @@ def test_a_row_mixing_op_stays_out_of_the_context_part(tmp_path, make_processor)
     model.ir_version = 8
     (tmp_path / "m").mkdir()
     onnx.save(model, str(tmp_path / "m" / "model.onnx"))
-    proc = make_processor({"savedmodel_dir": str(tmp_path / "m"), "context_inputs": ["u"]})
+    proc = make_processor({"savedmodel_dir": str(tmp_path / "m"), "context_inputs": ["u"], **PER_SESSION})
     feeds = {"u": rng.standard_normal((1, 4)).astype(np.float32), "i": rng.standard_normal((5, 3)).astype(np.float32)}
     expected = answer(proc, {**feeds, "u": np.repeat(feeds["u"], 5, axis=0)}, "y")
     np.testing.assert_allclose(answer(proc, feeds, "y"), expected, rtol=1e-5, atol=1e-5)
@@ -227,7 +233,7 @@ def test_native_engine_leaves_broadcast_requests_to_the_exact_path(tmp_path, mak
     from demo import dlrm_onnx
 
     dlrm_onnx.build(tmp_path / "m" / "model.onnx", rows=500, dim=4)
-    proc = make_processor({"savedmodel_dir": str(tmp_path / "m"), "session_num": 1})
+    proc = make_processor({"savedmodel_dir": str(tmp_path / "m"), "session_num": 1, **PER_SESSION})
     with proc.manager.acquire() as group:
         assert group.serves_natively
     feeds = dlrm_onnx.inputs(8, seed=2)
@@ -244,7 +250,7 @@ def test_an_event_loop_never_runs_a_broadcast_request_in_place(tmp_path, make_pr
     from processor.request import wire_call
 
     dlrm_onnx.build(tmp_path / "m" / "model.onnx", rows=500, dim=4)
-    proc = make_processor({"savedmodel_dir": str(tmp_path / "m"), "session_num": 1})
+    proc = make_processor({"savedmodel_dir": str(tmp_path / "m"), "session_num": 1, **PER_SESSION})
     feeds = dlrm_onnx.inputs(4, seed=2)
     one = codec.encode_request({**feeds, "dense": feeds["dense"][:1]})
     assert proc.dataplane.try_inline(wire_call(proc.name, one), 1 << 20) is None
