@@ -119,6 +119,11 @@ class ModelSet:
         self.runtime = runtime
         self._read = read
         self._file = FileChanges(path) if path is not None else None
+        if self._file is not None:
+            # the file as the server started with it, taken now (right after it was read), not
+            # at start(): the ports may open first (models loaded before them), and a change a
+            # client makes then must not become the baseline, never applied
+            self._file.note()
         self.poll_seconds = poll_seconds
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -139,7 +144,6 @@ class ModelSet:
         """Follow the file (polled, and on :meth:`request_reload`) on a daemon thread."""
         if not self.follows_file:
             return
-        self._file.note()
         self._thread = threading.Thread(target=self._follow, daemon=True, name="sp-model-set")
         self._thread.start()
 
