@@ -19,7 +19,7 @@ def bare_call(backend, lane: int, feeds: dict[str, np.ndarray],
               fetches: tuple[str, ...]) -> Callable[[], list[np.ndarray]]:
     """The engine's call on ``lane`` for these checked ``feeds``, as a zero-argument function."""
     from processor.engine.onnx.backend import OnnxRuntimeBackend
-    from processor.engine.tensorflow_backend import TensorFlowBackend
+    from processor.engine.tensorflow.backend import TensorFlowBackend
 
     if isinstance(backend, OnnxRuntimeBackend):
         run, names, ort_feeds = backend._lane_run[lane], backend._output_list(fetches), backend._feeds(feeds)

@@ -59,8 +59,8 @@ def writer(model_dir: Path, rows: int, churn: float, deltas: int) -> None:
     otherwise take this small machine's cores from the server."""
     import tensorflow as tf
 
-    from processor.checkpoint.publish import update_state
-    from processor.checkpoint.writer import DELTA_BASENAME, DELTA_DIR, FULL_BASENAME, CheckpointWriter
+    from demo.trainer.publish import update_state
+    from demo.trainer.writer import DELTA_BASENAME, DELTA_DIR, FULL_BASENAME, CheckpointWriter
 
     rng = np.random.default_rng(0)
     table = {"keys": np.unique(rng.integers(1, 2**62, rows)), "values": None}

@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.common import memory_of, paired_ratio, run_threads, write_results  # noqa: E402
 from processor.features.dram_store import DramTable  # noqa: E402
 from processor.features.rows import RowChunk, TableSpec  # noqa: E402
-from processor.features.local_redis import LocalRedis, LocalRedisCluster  # noqa: E402
+from tools.local_redis import LocalRedis, LocalRedisCluster  # noqa: E402
 
 BATCH = 4096
 DIM = 64

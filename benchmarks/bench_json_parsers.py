@@ -6,10 +6,13 @@ both TF Serving formats: ``instances`` (rows) and ``inputs`` (columnar), batch 1
 and a ~45 MB body (about 100k rows) for the memory bound. Each candidate is parse + conversion
 into the arrays the signature needs:
 
-* ``today``: what the HTTP route calls (``predict.tfs_inputs`` and its decoder: a body up to
-  256 KiB of numbers only read natively, ``native_json.scan_tfs``, any other up to that size
+* ``today``: what the HTTP route calls (``rest_predict.tfs_inputs`` and its decoder: a body up
+  to 256 KiB of numbers only read natively, ``native_json.scan_tfs``, any other up to that size
   parsed whole with orjson, a larger one scanned by ``json_stream`` and parsed a run of ~256 KiB
-  at a time; the demo bodies hold strings, so theirs is the orjson path);
+  at a time; the demo bodies hold strings, so theirs is the orjson path). Called outside a
+  request, with no share of the decode memory budget: the route parses a larger body whole
+  too while ``json_decode_memory_bytes`` holds orjson's peak for it (``json_stream.parse_whole``),
+  which is the ``orjson`` row's path;
 * ``json`` / ``orjson`` / ``msgspec`` / ``rapidjson`` / ``yyjson`` / ``simdjson-objects``: the
   whole body parsed into Python objects (``loads``), then today's ``decode_predict`` (the
   conversion the small-body path uses, so the arrays are the same by construction);
@@ -51,8 +54,8 @@ from demo.ctr_spec import DENSE_INPUT, IDS_INPUT, NUM_DENSE, NUM_ID_FEATURES, NU
 from processor.dtypes import DT_FLOAT, DT_INT64, DT_STRING
 from processor.errors import InvalidArgument
 from processor.signature import Signature, TensorSpec
-from server.http import tfs_json
-from server.http.tfs_json_values import string_array, wire_type
+from server.tfserving import rest_json as tfs_json
+from server.tfserving.rest_json_values import string_array, wire_type
 
 MB = 1 << 20
 BATCHES = (1, 256, 4096)
@@ -91,7 +94,7 @@ def big_batch(target_bytes: int) -> int:
 # --- candidates ---------------------------------------------------------------------------------
 
 def today(data: bytes, sig: Signature) -> dict:
-    from server.http.predict import tfs_inputs
+    from server.tfserving.rest_predict import tfs_inputs
 
     return tfs_inputs(data)(sig)
 
@@ -431,9 +434,10 @@ def _threshold_note(rows: list[dict]) -> str:
     parts = [f"`{fmt}` {row('today', fmt)['us_per_request']:,.0f} vs {row('orjson', fmt)['us_per_request']:,.0f} us "
              f"(peak {row('today', fmt)['x_body']:.1f}x vs {row('orjson', fmt)['x_body']:.1f}x the body)"
              for fmt in FORMATS if any(r["parser"] == "orjson" for r in rows)]
-    return ("Seen on the way, not acted on here: above SMALL_BODY (256 KiB) today's run-at-a-time "
-            "path is slower than orjson on the whole body at batch 4096, " + "; ".join(parts) +
-            ": the threshold trades time for memory there.")
+    return ("Above SMALL_BODY (256 KiB) the run-at-a-time path is slower than orjson on the whole "
+            "body at batch 4096, " + "; ".join(parts) + ": so the HTTP route parses such a body whole "
+            "while the decode memory budget (json_decode_memory_bytes) holds orjson's peak for it, "
+            "and a run at a time only beyond that (server/http/json_stream.py parse_whole, issue 49).")
 
 
 def markdown(rows: list[dict], bad: dict, names: list[str], versions: dict, keep: str,
@@ -470,9 +474,10 @@ def markdown(rows: list[dict], bad: dict, names: list[str], versions: dict, keep
     for case in BAD:
         lines.append(f"| {case} | " + " | ".join(bad[n][case] for n in names) + " |")
     lines += ["", "## Decision", "", f"Kept: **{keep}**" + (
-        " (server/http/predict.py tfs_inputs: a body up to 256 KiB of numbers only read natively, any "
-        "other up to that size parsed whole with orjson, a larger one scanned by json_stream and "
-        "parsed a run at a time)." if keep == "today" else "."), "",
+        " (server/tfserving/rest_predict.py tfs_inputs: a body up to 256 KiB of numbers only read "
+        "natively, any other up to that size parsed whole with orjson, a larger one scanned by "
+        "json_stream and parsed a run at a time unless the decode budget holds orjson's peak)."
+        if keep == "today" else "."), "",
               "Why each candidate was not taken:", ""] + [f"* {r}" for r in reasons] + ["", _threshold_note(rows)]
     return "\n".join(lines)
 

@@ -41,7 +41,7 @@ POLL_SECONDS = 0.1
 def build(model_dir: Path, rows: int) -> None:
     import tensorflow as tf
 
-    from processor.checkpoint.writer import CheckpointWriter
+    from demo.trainer.writer import CheckpointWriter
 
     graph = tf.Graph()
     with graph.as_default():
@@ -64,7 +64,7 @@ def build(model_dir: Path, rows: int) -> None:
 
 
 def write_delta(model_dir: Path, step: int, fraction: float, seed: int) -> None:
-    from processor.checkpoint.publish import publish_checkpoint
+    from demo.trainer.publish import publish_checkpoint
     from processor.checkpoint.tensor_file import read_tensors, write_tensors
 
     run = model_dir / "checkpoints" / "run_1"
@@ -83,7 +83,7 @@ def write_delta(model_dir: Path, step: int, fraction: float, seed: int) -> None:
 
 
 def write_full(model_dir: Path, step: int, seed: int) -> None:
-    from processor.checkpoint.publish import publish_checkpoint, update_state
+    from demo.trainer.publish import publish_checkpoint, update_state
     from processor.checkpoint.tensor_file import read_tensors, write_tensors
 
     run = model_dir / "checkpoints" / "run_1"

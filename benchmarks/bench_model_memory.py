@@ -130,7 +130,7 @@ def bench(args) -> dict:
                                                "config": ort(work / "dlrm")})]
         stores = {"in-engine": {}, "DRAM": {"ev_storage_type": 1}}
         if shutil.which("redis-server"):
-            from processor.features.local_redis import LocalRedis
+            from tools.local_redis import LocalRedis
 
             redis = LocalRedis()
             stores["Redis"] = {"feature_store_type": "redis", "redis_url": f"redis://{redis.url}/0"}

@@ -79,7 +79,8 @@ def in_process_costs(model_dir: Path, sink_port: int, body: bytes, requests: int
     import time
 
     from benchmarks.bench_edges import model_config as config_of
-    from processor.deployment import DeploymentConfig
+    from server.settings import DeploymentConfig
+    from processor.dataplane import Deferred
     from processor.request import PredictCall
     from server import otel
     from server.runtime import ServingRuntime
@@ -102,7 +103,9 @@ def in_process_costs(model_dir: Path, sink_port: int, body: bytes, requests: int
             token = otel.edge_trace.set(edge) if edge is not None else None
             with rt.track(MODEL, "http", "predict") as track:
                 call = PredictCall(MODEL, body)
-                result = dataplane.try_inline(call, 8192) or dataplane.predict(call)
+                result = dataplane.submit(call, 8192)
+                if result.__class__ is Deferred:  # not run in place: here all the same
+                    result = result.run()
                 if track.traced is not None:
                     track.traced.reply(result.outputs)
             if token is not None:

@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
             md.append("\nA worker's private memory does not grow with the tables (they are in the shared "
                       "segment); it is the process itself: Python, ONNX Runtime, grpcio, numpy, FastAPI / "
                       "uvicorn (TensorFlow is not imported by a server of `.onnx` models: TF Serving's messages come "
-                      "from `server/tfs_messages.py`).")
+                      "from `server/tfserving/messages.py`).")
             md.append("")
         if not args.skip_throughput:
             small = work / "small"

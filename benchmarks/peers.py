@@ -49,9 +49,9 @@ def check_same(what: str, got: dict, want: dict[str, np.ndarray], atol: float = 
 def tfs_grpc_request(feeds) -> bytes:
     """A serialized TF Serving ``PredictRequest`` for ``feeds`` (numbers in ``tensor_content``,
     strings in ``string_val``, as ``tf.make_tensor_proto`` writes them), model MODEL; TF
-    Serving's messages without TensorFlow (``server.tfs_messages``)."""
-    from server.grpc.tensor_proto import from_numpy
-    from server.tfs_messages import messages
+    Serving's messages without TensorFlow (``server.tfserving.messages``)."""
+    from server.tfserving.tensor_proto import from_numpy
+    from server.tfserving.messages import messages
 
     request = messages().PredictRequest()
     request.model_spec.name = MODEL

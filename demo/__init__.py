@@ -8,6 +8,9 @@ and the README's "Hot update, rollback" section):
 - the CTR model (:mod:`demo.ctr_model`): wide & deep on synthetic Criteo-like data
   (:mod:`demo.synthetic_data`), 26 embedding tables, several full checkpoint versions.
 
+The trainer side of checkpoints (the incremental checkpoint writer, atomic publishing) is
+:mod:`demo.trainer`; :mod:`demo.streaming_trainer` trains with it.
+
 :mod:`demo.paths` builds either on demand and gives the matching DeepRec ``model_config``;
 ``python -m demo`` is the command line. Importing this package does not import TensorFlow.
 """

@@ -1,6 +1,6 @@
 """Publish a full checkpoint into a run directory so that readers never see half of it.
 
-The files are published atomically by :func:`processor.checkpoint.publish.publish_checkpoint`
+The files are published atomically by :func:`demo.trainer.publish.publish_checkpoint`
 (written aside, data shards moved in first, the index last). Last, the ``checkpoint`` state file
 is rewritten atomically (relative paths, all complete checkpoints oldest first, the highest step
 as ``model_checkpoint_path``).
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from demo.layout import CHECKPOINT_BASENAME
-from processor.checkpoint import publish
+from demo.trainer import publish
 
 
 def publish_checkpoint(run_dir: Path, step: int, write: Callable[[str], object]) -> Path:

@@ -31,7 +31,7 @@ from demo.ctr_network import build_ctr_network
 from demo.ctr_spec import get_preset
 from demo.layout import read_model_card, read_model_paths
 from demo.synthetic_data import synthetic_labeled_batch
-from processor.checkpoint.writer import CheckpointWriter, embedding_tables
+from demo.trainer.writer import CheckpointWriter, embedding_tables
 
 _STREAM = 3  # seed stream of streaming batches; differs from the build's train/eval streams
 

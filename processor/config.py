@@ -493,7 +493,7 @@ def expect_object(data: Any, what: str) -> None:
 def describe_validation_error(exc: ValidationError, prefix: str = "") -> str:
     """One line per problem, each starting with ``prefix`` and the key it concerns.
 
-    Shared with :mod:`processor.deployment` (``prefix`` there names the models[] entry).
+    Shared with the server's deployment settings (``prefix`` there names the models[] entry).
     """
     lines = []
     errors = exc.errors()

@@ -8,10 +8,11 @@ thread-safe.
 The direct path (a batching model, with the native extension): the C shim queues a request on
 the default version's native batching queue and waits for its batch without Python and without
 the GIL (``native/src/direct_front.h``), where the GIL changing hands per request would cost more
-than the batch saves; :meth:`process` from Python threads takes it too. Python keeps every decision: the front follows the default version
-(:meth:`~processor.manager.model_manager.ModelManager.follow_default`) and is given a lane only
-while the model's calls need nothing else (:meth:`DataPlane.plain`: no timeline, no prediction
-log, no shadow, no traffic split); whatever it does not take (an empty ping, a request the queue
+than the batch saves; :meth:`process` from Python threads takes it too. Python keeps every
+decision: the front follows the model's plan (``DataPlane.follow_plan``, published afresh with
+each default version) and is given the default version's lane only while the model's calls need
+nothing else (:attr:`~processor.dataplane.plan.Plan.plain`: no timeline, no prediction log, no
+shadow, no traffic split); whatever it does not take (an empty ping, a request the queue
 does not take or hands back, an update writing, a refusal) is served by :meth:`process`.
 """
 
@@ -85,10 +86,10 @@ class Processor:
             return
         front = self._direct = native.MODULE.DirectFront()
 
-        def follow(group) -> None:
-            plain = group is not None and self.dataplane.plain(self.name)
-            front.publish(group.open_direct_lane() if plain else None)
-        self.model.manager.follow_default(follow)
+        def follow(plan) -> None:
+            plain = plan is not None and plan.plain and plan.group is not None
+            front.publish(plan.group.open_direct_lane() if plain else None)
+        self.dataplane.follow_plan(self.name, follow)
 
     def direct_capsule(self) -> Any | None:
         """The direct path's front as a capsule for the C shim (it keeps the front alive), or

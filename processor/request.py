@@ -69,16 +69,30 @@ class PredictCall(NamedTuple):
     deadline: float | None = None
     check_shapes: bool = True
     routing_key: str | None = None
+    prepare: bool = False  # arrays and decoders: also answer the PreparedCall of this form, if any
+
+
+class Work(NamedTuple):
+    """A request an edge decodes itself (JSON, protos) on whichever thread runs it:
+    ``fn(*args)``, its whole work, for a request of ``size`` bytes to ``model``. Handed to
+    ``DataPlane.submit`` as a wire PredictCall is: run in place or on a thread, by the plan."""
+
+    model: str
+    size: int
+    fn: Callable[..., Any]
+    args: tuple = ()
 
 
 class PredictResult(NamedTuple):
     """What served a call and what it answered: ``outputs`` is PredictResponse bytes (or the
-    signature JSON when ``introspection``) for serialized inputs, else arrays by output key."""
+    signature JSON when ``introspection``) for serialized inputs, else arrays by output key.
+    ``prepared``: a call asking ``prepare``'s :class:`PreparedCall`, when its form can be."""
 
     outputs: Any
     version: Any  # processor's ModelVersion of the version that ran the call
     signature: Signature
     introspection: bool = False
+    prepared: Any = None
 
     @property
     def version_number(self) -> int:
@@ -110,13 +124,13 @@ def wire_call(model: str, data: bytes | bytearray | memoryview, _new=tuple.__new
               _cls=PredictCall) -> PredictCall:
     """``PredictCall(model, data)``: serialized bytes, no options (the C ABI's ``process``).
     Equal to the ordinary construction (tests/unit/test_request.py keeps the defaults in step)."""
-    return _new(_cls, (model, data, None, None, "", None, None, True, None))
+    return _new(_cls, (model, data, None, None, "", None, None, True, None, False))
 
 
 def wire_result(outputs: Any, version: Any, signature: Signature, _new=tuple.__new__,
                 _cls=PredictResult) -> PredictResult:
     """``PredictResult(outputs, version, signature)``: the hot path's answer to a wire request."""
-    return _new(_cls, (outputs, version, signature, False))
+    return _new(_cls, (outputs, version, signature, False, None))
 
 
 class Served(NamedTuple):

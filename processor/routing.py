@@ -144,6 +144,12 @@ class VersionRouter:
         self.model = model
         self._serves = serves or (lambda number: False)
         self.routing = _compile(settings or RoutingSettings())
+        self._watchers: list[Callable[[], None]] = []
+
+    def watch(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` after each change of :attr:`routing` (the DataPlane's plan follows
+        it). It must be quick and must not raise."""
+        self._watchers.append(listener)
 
     @property
     def labels(self) -> Mapping[str, int]:
@@ -205,6 +211,8 @@ class VersionRouter:
                     f"model {shorten(self.model, 80)}: " + "; ".join(
                         f"{what} names version {n}, which is not served" for what, n in missing.items()))
         self.routing = _compile(settings)
+        for listener in self._watchers:
+            listener()
         return settings
 
     def dangling(self) -> dict[str, int]:

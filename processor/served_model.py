@@ -33,6 +33,18 @@ from .tracing import Tracer
 log = logging.getLogger(__name__)
 
 
+class ModelSpec(Protocol):
+    """What a served model is composed from: one entry of a deployment's ``models`` (the server
+    validates the deployment file into such entries, beside its own settings, which the core
+    never reads)."""
+
+    name: str
+    config: ModelConfig
+    raw_config: Mapping[str, Any]  # the model_config as given (accepted-and-unused keys reported from it)
+    routing: RoutingSettings  # version labels, traffic split, shadow
+    threads: int  # the threads that run its requests (reported in info())
+
+
 class ManagerPort(Protocol):
     """What a ServedModel and the DataPlane use of a model's manager: the
     :class:`~processor.manager.model_manager.ModelManager`, or a test's fake of it."""
@@ -304,11 +316,12 @@ class ModelRegistry:
         return old
 
     @classmethod
-    def from_deployment(cls, deployment, budget=None) -> ModelRegistry:
-        """Every model of a :class:`~processor.deployment.DeploymentConfig`, composed
+    def from_entries(cls, entries: Iterable[ModelSpec], budget=None) -> ModelRegistry:
+        """Every model ``entries`` describe (a deployment's models), composed
         (:meth:`ServedModel.compose`); ``budget``: the server's MemoryBudget (None: the process's)."""
-        environment = apply_environment([m.config for m in deployment.models])  # before TF starts
-        return cls(compose_entry(m, environment, budget) for m in deployment.models)
+        entries = list(entries)
+        environment = apply_environment([m.config for m in entries])  # before TF starts
+        return cls(compose_entry(m, environment, budget) for m in entries)
 
     @classmethod
     def single(cls, name: str, config: ModelConfig, raw_config: Mapping[str, Any] | None = None) -> ModelRegistry:
@@ -351,9 +364,9 @@ class ModelRegistry:
                 log.exception("closing model %s failed", model.name)
 
 
-def compose_entry(entry, environment: Mapping[str, str] | None = None, budget=None) -> ServedModel:
-    """The model a deployment's :class:`~processor.deployment.ModelEntry` describes, composed;
-    ``budget``: the MemoryBudget its loads are checked against (None: the process's)."""
+def compose_entry(entry: ModelSpec, environment: Mapping[str, str] | None = None, budget=None) -> ServedModel:
+    """The model ``entry`` (a deployment's models[] entry) describes, composed; ``budget``: the
+    MemoryBudget its loads are checked against (None: the process's)."""
     return ServedModel.compose(entry.name, entry.config, raw_config=entry.raw_config, routing=entry.routing,
                                threads=entry.threads, environment=environment, budget=budget)
 

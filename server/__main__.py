@@ -7,7 +7,7 @@ the URLs and an example request.
 
 Exit status: 0 after a clean shutdown, 1 when the drain timeout cut requests off, 2 for a bad
 config or command line. The run path after the command line is :mod:`server.launch`'s, shared
-with ``tensorflow_model_server`` (:mod:`server.tfs_cli`).
+with ``tensorflow_model_server`` (:mod:`server.tfserving.cli`).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def overrides(args: argparse.Namespace) -> dict:
 
 def load_deployment(args: argparse.Namespace):
     """(the validated deployment, the JSON it was validated from, overrides applied)."""
-    from processor.deployment import DeploymentConfig
+    from .settings import DeploymentConfig
 
     from .model_set import read_deployment
 

@@ -14,6 +14,10 @@
    with 503 / UNAVAILABLE, in-flight requests get up to ``drain_timeout_seconds`` to finish, then
    both servers stop and the models are closed. Exit status 0 after a clean drain, 1 when the
    timeout cut requests off. A second signal exits at once.
+
+The protocols the servers speak are registered here, once (:data:`PROTOCOLS`: each protocol
+package's ``PROTOCOL``, :mod:`server.protocols`): the HTTP app and the gRPC server take their
+routes and services from that list, so the transports import no protocol.
 """
 
 from __future__ import annotations
@@ -27,14 +31,22 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from processor.deployment import DeploymentConfig
+
 from processor.served_model import ModelRegistry
 
+from . import eas, kserve, tfserving
+from .protocols import Protocol
 from .runtime import ServingRuntime
+from .settings import DeploymentConfig
 
 log = logging.getLogger("server")
+
+# The protocols the server speaks, each a package registering its HTTP routes and gRPC services
+# (server/protocols.py); the transports serve them in this order (the HTTP fast path matches
+# their inference URLs in it: ours first, the cheapest to tell apart).
+PROTOCOLS: tuple[Protocol, ...] = (eas.PROTOCOL, tfserving.PROTOCOL, kserve.PROTOCOL)
 
 
 class ServingApp:
@@ -43,13 +55,14 @@ class ServingApp:
     def __init__(self, deployment: DeploymentConfig, *, models: ModelRegistry | None = None,
                  ports_file: str | os.PathLike | None = None,
                  announce: Callable[[str], None] | None = None, worker: bool = False,
-                 load_first: bool = False) -> None:
+                 load_first: bool = False, protocols: Sequence[Protocol] = PROTOCOLS) -> None:
         self.deployment = deployment
+        self.protocols = tuple(protocols)  # what both transports serve (their registrations)
         # a supervisor's worker (server/supervisor.py): ports shared with SO_REUSEPORT, models
         # loaded before the ports open (no request meets a loading worker)
         self.worker = worker
         # the models load (or fail) before the ports open: a worker's rule, and TF Serving's
-        # (tensorflow_model_server, server/tfs_cli.py)
+        # (tensorflow_model_server, server/tfserving/cli.py)
         self.load_first = load_first or worker
         self.runtime = ServingRuntime(deployment, models)
         self.ports_file = Path(ports_file) if ports_file else None
@@ -112,7 +125,7 @@ class ServingApp:
             from .grpc.server import create_grpc_server
 
             self._grpc, self.grpc_port, self._health = create_grpc_server(
-                self.runtime, dep.host, dep.grpc_port, self._grpc_credentials())
+                self.runtime, dep.host, dep.grpc_port, self._grpc_credentials(), self.protocols)
             if dep.grpc_plaintext_port is not None:
                 self.grpc_plaintext_port = self._grpc.add_port(dep.host, dep.grpc_plaintext_port)
             if dep.grpc_socket_path is not None:  # TF Serving's --grpc_socket_path
@@ -188,7 +201,7 @@ class ServingApp:
 
         dep = self.deployment
         if self._asgi is None:  # one application behind every listener
-            self._asgi = create_http_app(self.runtime)
+            self._asgi = create_http_app(self.runtime, self.protocols)
         app = self._asgi
         if probes:
             from .http.health_port import probes_only

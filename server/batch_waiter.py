@@ -1,7 +1,7 @@
 """Batched requests awaited on an event loop, with no thread to wait for them.
 
 A request to a batching model goes on its version's native queue from the edge's event loop
-(``DataPlane.queue_batched``), with this loop's eventfd as the ticket's notify fd: the batch
+(``DataPlane.submit``), with this loop's eventfd as the ticket's notify fd: the batch
 thread adds 1 to it once it has answered the ticket. The loop watches the fd (``add_reader``);
 each wake-up (one per write, or fewer: the counter sums them) resolves the futures of the
 tickets that are done. So a batched request costs no thread hop and no thread parked on it,

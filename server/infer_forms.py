@@ -5,7 +5,9 @@ A client sends the same request form again and again: the same inputs (names, da
 shapes, raw sizes) and outputs, only the tensors' bytes change. The first request of a form is
 answered the ordinary way; if its tensors are all raw and numeric (not booleans, whose bytes
 the ordinary path checks per request, nor strings) its form is kept: each input's alias, dtype,
-shape and size, checked once against the served signature (``DataPlane.prepare``). A later
+shape and size, checked once against the served signature: the first request asks the
+DataPlane for the PreparedCall of its form (``PredictCall.prepare``), made from that request's
+own acquire and decode. A later
 request of that form cuts its inputs from its raw bytes and runs them on the version they were
 checked on (``DataPlane.run_prepared``), skipping the parse of the form and the checks; the
 transport writes the answer as it writes the ordinary one (tests compare the bytes).
@@ -22,7 +24,7 @@ threads may prepare the same form, one wins).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import numpy as np
@@ -72,20 +74,21 @@ class InferForms:
             return None
         return result
 
-    def learn(self, rt, key: Hashable, model: str, make_call: Callable[[], Any], raw_sizes: Sequence[int],
-              outputs: dict[str, np.ndarray], extra: Any = None) -> InferForm | None:
-        """Keep the form of a request to ``model`` the ordinary path just answered with
-        ``outputs``, when its tensors allow it (see the module doc): ``make_call()``, its
-        PredictCall, whose inputs are the arrays read from its raw tensors (in their order,
-        ``raw_sizes`` bytes each), made only then. The form kept, or None. Never raises for the
-        request's sake: a form that cannot be prepared is not kept."""
-        if not rt.dataplane.prepares(model) or not all(a.dtype.kind in "iufc" for a in outputs.values()):
-            return None  # (checked first: a model never prepared costs its requests nothing more)
-        try:
-            prepared = rt.dataplane.prepare(make_call())
-        except Exception:  # noqa: BLE001 - it was just answered; a form is an optimization
+    @staticmethod
+    def prepares(rt, model: str) -> bool:
+        """Whether ``model``'s requests may be prepared now (``DataPlane.prepares``): ask its
+        call to ``prepare`` only then, so a model never prepared costs its requests nothing."""
+        return rt.dataplane.prepares(model)
+
+    def learn(self, key: Hashable, prepared: Any, raw_sizes: Sequence[int], outputs: dict[str, np.ndarray],
+              extra: Any = None) -> InferForm | None:
+        """Keep the form of a request the ordinary path just answered with ``outputs`` and
+        ``prepared`` (its result's PreparedCall, None when it has none), when its tensors allow
+        it (see the module doc): its inputs are the arrays read from its raw tensors (in their
+        order, ``raw_sizes`` bytes each). The form kept, or None. Never raises."""
+        if prepared is None or not all(a.dtype.kind in "iufc" for a in outputs.values()):
             return None
-        if prepared is None or len(prepared.inputs) != len(raw_sizes):
+        if len(prepared.inputs) != len(raw_sizes):
             return None
         places = []
         for size, (alias, dtype, shape) in zip(raw_sizes, prepared.inputs):

@@ -1,8 +1,8 @@
 """The run path both command lines share: ``python -m server`` / ``serving-processor``
-(:mod:`server.__main__`) and ``tensorflow_model_server`` (:mod:`server.tfs_cli`).
+(:mod:`server.__main__`) and ``tensorflow_model_server`` (:mod:`server.tfserving.cli`).
 
 Each command line turns its arguments into a validated
-:class:`~processor.deployment.DeploymentConfig` (and the JSON it was validated from), then calls
+:class:`~server.settings.DeploymentConfig` (and the JSON it was validated from), then calls
 :func:`run`, which:
 
 * configures logging, checks the admin token (a named variable that is unset: exit 2);
@@ -29,12 +29,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from processor.deployment import DeploymentConfig
 from processor.errors import ConfigError
 
 from .app import ServingApp, configure
 from .logs import JsonFormatter
 from .runtime import tune_gc
+from .settings import DeploymentConfig
 
 log = logging.getLogger("server")
 

@@ -1,7 +1,7 @@
 """One model's inference pool: its threads and the bound on the requests waiting for them.
 
 Every edge (HTTP, gRPC; our wire format, TF Serving's, KServe v2) runs a model's work that does
-not run in place here (``ServingRuntime.serve``), so a model's admission is the same whichever
+not run in place here (``ServingRuntime.dispatch``), so a model's admission is the same whichever
 edge a request came over, and a slow model's queue holds only its own requests.
 
 ``max_queued`` (the model entry's ``max_queued_requests``; None: unbounded): a request that

@@ -1,6 +1,6 @@
 """The live model set: a running server takes a new deployment's models without a restart.
 
-:meth:`ModelSet.apply` compares a new, validated :class:`~processor.deployment.DeploymentConfig`
+:meth:`ModelSet.apply` compares a new, validated :class:`~server.settings.DeploymentConfig`
 with the models served and, per model name:
 
 * **added**: composed and loaded (warm-up included) on a thread of its own beside the others,
@@ -20,7 +20,7 @@ reported): the running set keeps serving.
 
 Where a new deployment comes from (:meth:`ModelSet.reload`): the file the server was started
 with (our JSON, or TF Serving's text-format ``ModelServerConfig``: :func:`read_deployment`; the
-``tensorflow_model_server`` entry point, :mod:`server.tfs_cli`, gives a reader of its own that
+``tensorflow_model_server`` entry point, :mod:`server.tfserving.cli`, gives a reader of its own that
 also applies its flags), re-read when it changes (polled every ``model_config_file_poll_wait_seconds``; 0: not
 polled) and on SIGHUP. With ``workers > 1`` the supervisor reads the file, and each worker the
 copy the supervisor rewrites (and signals): every worker follows, and a worker restarted later
@@ -43,9 +43,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from processor.deployment import DeploymentConfig
 from processor.errors import ConfigError, as_processor_error
 from processor.served_model import compose_entry
+
+from .settings import DeploymentConfig
 
 log = logging.getLogger("server")
 
@@ -56,11 +57,11 @@ _RELOADED = ("config", "inference_threads", "max_queued_requests")
 def read_deployment(path: str | Path, overrides: dict[str, Any] | None = None) -> tuple[DeploymentConfig, dict]:
     """The deployment file at ``path``, validated, with ``overrides`` (the command line's
     ports, host, workers) applied; ConfigError naming the problem. The file is our JSON, or TF
-    Serving's text-format ``ModelServerConfig`` (:mod:`server.tfs_model_config`: its models, the
+    Serving's text-format ``ModelServerConfig`` (:mod:`server.tfserving.model_config`: its models, the
     server's keys at their defaults), told apart by its first character."""
     from processor.config import read_json_file
 
-    from .tfs_model_config import is_json, read_model_entries
+    from .tfserving.model_config import is_json, read_model_entries
 
     try:
         with open(path, "rb") as file:

@@ -2,16 +2,16 @@
 ``native/src/module_json.cc``), each answering None where its Python reference must decide.
 
 * :func:`array`: parsed JSON values (nested lists of int / float) as a numpy array, the way
-  TF Serving REST's decode reads them (:func:`server.http.tfs_json_values.to_array`, numpy's
+  TF Serving REST's decode reads them (:func:`server.tfserving.rest_json_values.to_array`, numpy's
   shape of the lists) or KServe v2's (``count`` numbers of any nesting, flat:
-  :func:`server.open_inference.to_array`). Only what the reference accepts, converted as it
+  :func:`server.kserve.open_inference.to_array`). Only what the reference accepts, converted as it
   converts it: booleans, strings, empty lists, integers beyond int64, values out of the type's
   range are the reference's to accept or refuse.
 * :func:`numbers`: a numeric array's ``orjson.dumps(array.tolist())``, byte for byte, without
   a Python object per element; None for non-finite floats and other dtypes.
 * :func:`scan_tfs`: a TF Serving REST predict body of the plain form (numbers and lists of them,
   named inputs, an optional signature name; ``native/src/tfs_scan.h``) read straight into
-  numbers per input, no Python object per value; :func:`server.http.tfs_json.decode_scan`
+  numbers per input, no Python object per value; :func:`server.tfserving.rest_json.decode_scan`
   makes its arrays as the reference decodes the parsed body.
 * :func:`depth`: how deeply a JSON text nests arrays and objects
   (:func:`server.http.json_stream.nesting_depth` is the reference).

@@ -2,7 +2,7 @@
 tracing system, exported over OTLP by the OpenTelemetry SDK.
 
 :class:`Tracing` is built by the runtime when the deployment has a ``tracing`` key
-(:class:`~processor.otel_settings.TracingSettings`; the standard ``OTEL_*`` environment variables
+(:class:`~server.otel_settings.TracingSettings`; the standard ``OTEL_*`` environment variables
 fill in what it leaves out, read then, :func:`resolve`). It owns the SDK's ``TracerProvider``
 (resource: ``service.name`` and one ``service.instance.id`` per process, so each worker of a
 ``workers: N`` server exports as an instance of its own), a ``BatchSpanProcessor`` with a
@@ -54,9 +54,9 @@ from urllib.parse import urlsplit
 
 from processor import spans
 from processor.errors import ConfigError, ProcessorError
-from processor.otel_settings import TracingSettings
 
 from .logs import request_id_var
+from .otel_settings import TracingSettings
 
 log = logging.getLogger("server.otel")
 
@@ -167,6 +167,14 @@ class RequestSpan:
         self.span = span
         self.token = spans.current.set(span)
         self.size: int | None = None
+
+    def leave(self) -> None:
+        """Stop being this context's current span (the request goes on in another context)."""
+        spans.current.reset(self.token)
+
+    def enter(self) -> None:
+        """Be the current span of the context the request goes on in (after :meth:`leave`)."""
+        self.token = spans.current.set(self.span)
 
     def reply(self, reply: Any) -> None:
         """The response's size, from the reply (an HTTP ``Reply`` or response with a ``body``,

@@ -1,9 +1,9 @@
 """The model repository the load / unload APIs share, transport-neutral.
 
-KServe v2's repository extension as Triton serves it (HTTP :mod:`server.http.repository`, gRPC
-:mod:`server.grpc.v2`) and TF Serving's ``ModelService/HandleReloadConfigRequest``
-(:mod:`server.grpc.tfs`) are thin edges over these functions; every one is an admin action (the
-edges check the admin gate and pass the caller, logged here).
+KServe v2's repository extension as Triton serves it (HTTP :mod:`server.kserve.repository_routes`,
+gRPC :mod:`server.kserve.grpc_service`) and TF Serving's ``ModelService/HandleReloadConfigRequest``
+(:mod:`server.tfserving.grpc_service`) are thin edges over these functions; every one is an admin
+action (the edges check the admin gate and pass the caller, logged here).
 
 * :func:`index`: every model the server knows: each served version of a served model
   (``READY``), a model still loading (``LOADING``), one whose load failed (``UNAVAILABLE``, the
@@ -40,9 +40,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from processor.deployment import DeploymentConfig, ModelEntry
 from processor.errors import ConfigError, FailedPrecondition, NotFound, ProcessorError
 from processor.request import version_number
+
+from .settings import DeploymentConfig, ModelEntry
 
 log = logging.getLogger("server")
 

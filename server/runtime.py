@@ -1,12 +1,13 @@
 """ServingRuntime: what both transports share (models, DataPlane, threads, drain, metrics, admin).
 
-Built once by :mod:`server.app` from a :class:`~processor.deployment.DeploymentConfig`: its
+Built once by :mod:`server.app` from a :class:`~server.settings.DeploymentConfig`: its
 models are a :class:`~processor.served_model.ModelRegistry` (each model composed once, as the C
 ABI's Processor composes its one), its requests go through one
 :class:`~processor.dataplane.DataPlane`. Transports stay thin: they parse their wire
 format, wrap the call in :meth:`ServingRuntime.track` (drain gate, metrics, access log), run the
-DataPlane call under the one concurrency rule of every edge (:meth:`ServingRuntime.serve`: in
-place on the edge's event loop, or on the model's own pool, :mod:`server.model_pool`), and map
+DataPlane call under the one concurrency rule of every edge (:meth:`ServingRuntime.dispatch`: in
+place on the edge's event loop, on the batching queue, or on the model's own pool,
+:mod:`server.model_pool`), and map
 a :class:`~processor.errors.ProcessorError` once through ``STATUS_TABLE``.
 
 Model loading happens on background threads: a model that fails to load is reported unready
@@ -26,10 +27,11 @@ from collections.abc import Callable
 from typing import Any
 
 from processor.echo import cut
-from processor.dataplane import DataPlane
-from processor.deployment import DeploymentConfig
+from processor.batching.batched_call import BatchedCall
+from processor.dataplane import DataPlane, Deferred
+from processor.dataplane.plan import INLINE
 from processor.errors import ProcessorError, as_processor_error, edge_error
-from processor.request import PredictCall, PredictResult, answer_note_var, version_number
+from processor.request import PredictCall, Work, answer_note_var, version_number
 from processor.memory_budget import MemoryBudget
 from processor.served_model import ModelRegistry, ServedModel
 
@@ -42,6 +44,7 @@ from .metrics import UNKNOWN_MODEL, ServerMetrics
 from .model_pool import ModelPool
 from .model_set import ModelSet
 from .otel import Tracing
+from .settings import DeploymentConfig
 
 log = logging.getLogger("server")
 
@@ -52,10 +55,10 @@ class ServingRuntime:
 
     def __init__(self, deployment: DeploymentConfig, models: ModelRegistry | None = None) -> None:
         self.deployment = deployment
-        # the environment is applied first (from_deployment), before TensorFlow starts
+        # the environment is applied first (from_entries), before TensorFlow starts
         # one memory budget for the server's loads: every model's, a live reload's too
         self.budget = MemoryBudget(deployment.memory_limit)
-        self.models = models if models is not None else ModelRegistry.from_deployment(deployment, self.budget)
+        self.models = models if models is not None else ModelRegistry.from_entries(deployment.models, self.budget)
         self.dataplane = DataPlane(self.models)
         self.gate = DrainGate()
         # shadow copies are shed while the machine's CPUs are busy (processor/shadow.py)
@@ -70,6 +73,7 @@ class ServingRuntime:
         self._pools = {m.name: ModelPool(m.name, m.threads or 2, _max_queued(entries.get(m.name)))
                        for m in self.models}
         self._waiters: dict[asyncio.AbstractEventLoop, BatchWaiter] = {}  # per event loop
+        self._inline_max = deployment.inline_max_request_bytes  # the largest request run on a loop
         self._update_lock = threading.Lock()
         self._loaders: list[threading.Thread] = []
         self.on_model_ready: list[Callable[[str], None]] = []  # called with the model name
@@ -211,22 +215,50 @@ class ServingRuntime:
         QueueFull (503) when the model's ``max_queued_requests`` requests already wait."""
         return await self.pool(name).run(fn, *args)
 
-    async def predict_wire(self, call: PredictCall) -> PredictResult:
-        """A call with our wire format's bytes, from an event loop, with the fewest hops: here
-        and now when the engine serves it natively (``DataPlane.try_inline``); queued on its
-        batching model's native queue and awaited on this loop (:mod:`server.batch_waiter`);
-        else on the model's pool (:meth:`run`). Raises ProcessorError."""
-        dataplane = self.dataplane
-        inline = self.deployment.inline_max_request_bytes
-        result = dataplane.try_inline(call, inline) if inline else None
-        if result is None and dataplane.batches(call.model):
-            waiter = self._waiter()
-            batched = dataplane.queue_batched(call, waiter.fd)
-            if batched is not None:
-                result = await waiter.result(batched)
-        if result is None:
-            result = await self.run(call.model, dataplane.predict, call)
-        return result
+    async def dispatch(self, call: PredictCall | Work) -> Any:
+        """A request from an event loop, where its model's plan puts it (``DataPlane.submit``):
+        here and now (a small request the native engine runs without the GIL, or a
+        :class:`~processor.request.Work` the edge decodes, small enough that the hop to a pool
+        costs more than the work); queued on its batching model's native queue and awaited on
+        this loop (:mod:`server.batch_waiter`); else on the model's own pool (:meth:`run`), so
+        one slow model's queue never holds another model's requests. The only code choosing
+        among the three: every edge awaits it (the HTTP lean path's :meth:`dispatch_here` too,
+        when its answer cannot be given at once). A wire call's PredictResult, a Work's
+        result; raises ProcessorError."""
+        waiter = self._waiter()
+        out = self.dataplane.submit(call, self._inline_max, waiter.fd)
+        kind = out.__class__
+        if kind is Deferred:
+            return await self._on_pool(call.model, out)
+        if kind is BatchedCall:
+            result = await waiter.result(out)
+            if result is None:  # the queue handed it back (closing for an update): the pool's turn
+                return await self.run(call.model, self.dataplane.predict, call)
+            return result
+        return out
+
+    def dispatch_here(self, call: PredictCall | Work) -> Any:
+        """:meth:`dispatch` for a caller that has asked :meth:`runs_here` (the HTTP lean path,
+        which answers without a task when it can): the result when it ran here; else an
+        awaitable of it (on the model's pool: the plan changed since, or the engine declined
+        this request), which the caller awaits in a task of its own. Raises ProcessorError."""
+        out = self.dataplane.submit(call, self._inline_max)
+        if out.__class__ is Deferred:
+            return self._on_pool(call.model, out)
+        return out
+
+    async def _on_pool(self, model: str, deferred: Deferred) -> Any:
+        try:
+            return await self.run(model, deferred.run)
+        finally:
+            deferred.close()  # one the pool refused (or whose caller went away) holds its version
+
+    def runs_here(self, model: str, size: int, wire: bool) -> bool:
+        """Whether a request of ``size`` bytes to ``model`` runs on the event loop that has it
+        (``DataPlane.where``; ``wire``: our format's bytes, else a
+        :class:`~processor.request.Work`): asked by the HTTP lean path before the body arrives,
+        to answer without a task; :meth:`dispatch_here` decides again once it has."""
+        return self.dataplane.where(model, wire, size, self._inline_max) == INLINE
 
     def _waiter(self) -> BatchWaiter:
         """The running loop's BatchWaiter (made on first use, by that loop's own thread: no
@@ -236,23 +268,6 @@ class ServingRuntime:
         if waiter is None:
             waiter = self._waiters[loop] = BatchWaiter(loop)
         return waiter
-
-    def in_place(self, name: str, size: int) -> bool:
-        """Whether a request of ``size`` bytes to model ``name`` that is decoded on the caller's
-        thread runs right there, on the event loop, rather than on the model's pool: a body of
-        at most ``inline_max_request_bytes`` for a model that runs in place
-        (``DataPlane.runs_in_place``: native engine, no batching, no tracing). For such a
-        request the hop to a pool costs more CPU than the work."""
-        return size <= self.deployment.inline_max_request_bytes and self.dataplane.runs_in_place(name)
-
-    async def serve(self, name: str, size: int, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)``, model ``name``'s work for a request of ``size`` bytes, under the one
-        concurrency rule every edge (HTTP, gRPC, each protocol) follows: here and now when
-        :meth:`in_place`, else on the model's own pool (:meth:`run`), so one slow model's
-        queue never holds another model's requests."""
-        if self.in_place(name, size):
-            return fn(*args)
-        return await self.run(name, fn, *args)
 
     def track(self, model: str, protocol: str, api: str) -> RequestTrack:
         """Around one request (``with rt.track(...)``): refuse when draining, count in flight,
@@ -391,6 +406,23 @@ class RequestTrack:
             raise
         self.entered = True
         return self
+
+    def detach(self) -> RequestTrack:
+        """Leave this thread's context now: the request goes on in a task of its own (the HTTP
+        lean path's answer that must wait after all), which calls :meth:`resume` first and
+        exits the track as usual."""
+        if self.note is not None:
+            answer_note_var.reset(self.token)
+        if self.traced is not None:
+            self.traced.leave()
+        return self
+
+    def resume(self) -> None:
+        """Enter the task's context that goes on with a :meth:`detach`-ed request."""
+        if self.note is not None:
+            self.token = answer_note_var.set(self.note)
+        if self.traced is not None:
+            self.traced.enter()
 
     def __exit__(self, kind, exc, tb) -> None:
         rt, model = self.rt, self.model

@@ -53,10 +53,10 @@ from pathlib import Path
 from typing import Any
 
 from processor import shared_segments
-from processor.deployment import DeploymentConfig
 from processor.errors import ConfigError
 
 from .model_set import FileChanges
+from .settings import DeploymentConfig
 
 log = logging.getLogger("server")
 

@@ -34,8 +34,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from processor.deployment import DeploymentConfig
 from processor.errors import ConfigError
+
+from .settings import DeploymentConfig
 
 log = logging.getLogger("server.tls")
 

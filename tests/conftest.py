@@ -60,7 +60,7 @@ def ctr_model_small(tmp_path_factory):
 @pytest.fixture
 def redis():
     """A redis-server of the test's own on a free loopback port, stopped after it."""
-    from processor.features.local_redis import LocalRedis
+    from tools.local_redis import LocalRedis
 
     server = LocalRedis()
     yield server

@@ -87,7 +87,7 @@ class _Signature:
 class _Group:
     signature = _Signature()
     version = ModelVersion(1, -1)  # answers name the version that answered
-    serves_natively = False  # an event loop never runs it in place (DataPlane.try_inline)
+    serves_natively = False  # an event loop never runs it in place (DataPlane.submit)
 
     def serve(self, data) -> bytes:
         return ANSWER
@@ -138,8 +138,11 @@ class FakeManager:
     def memory(self) -> dict:
         return {}
 
-    def serves_natively(self) -> bool:
-        return _Handle.group.serves_natively
+    def default_group(self):
+        return _Handle.group
+
+    def follow_default(self, listener) -> None:
+        listener(_Handle.group)
 
     def info(self) -> dict:
         return {"name": self.name, "state": self.state, "version": None, "pinned": self.pinned is not None}

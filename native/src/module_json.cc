@@ -10,7 +10,7 @@
 //                              limit + 1 (json_depth.h)
 //
 // As for the codec (module.cc), None means "not taken": the caller runs the Python reference
-// (server/http/tfs_json_values.py, server/open_inference.py, orjson), which gives the result or
+// (server/tfserving/rest_json_values.py, server/kserve/open_inference.py, orjson), which gives the result or
 // the exact error. So json_array takes only what the reference would accept, the same way:
 // booleans, strings, empty lists, integers beyond int64, a value out of the type's range, a
 // finite number that would become infinity are all left to it. json_numbers writes what

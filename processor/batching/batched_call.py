@@ -1,5 +1,5 @@
 """BatchedCall: a wire request an event loop queued on its batching model's native queue
-(``DataPlane.queue_batched``), and the version it holds until its answer is taken."""
+(``DataPlane.submit``), and the version it holds until its answer is taken."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from ..request import PredictResult
 
 
 class BatchedCall:
-    """A call ``DataPlane.queue_batched`` queued: it holds the served version (its handle)
+    """A call ``DataPlane.submit`` queued: it holds the served version (its handle)
     and the group's gate until :meth:`result` or :meth:`release`, exactly once (see
     ``processor.batching.model_batching.QueuedCall``). Used by one event loop."""
 

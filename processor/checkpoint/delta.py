@@ -35,7 +35,7 @@ class VariableInfo:
 
 
 # The step of the checkpoint a delta was computed against (its full, or in a chain the previous
-# delta), written by our CheckpointWriter; deltas from other writers have none.
+# delta), written by our CheckpointWriter (demo/trainer/writer.py); deltas from other writers have none.
 PARENT_TENSOR = "_delta_parent_step"
 # When the trainer wrote the checkpoint (float64 seconds since the epoch), written by our
 # CheckpointWriter into fulls and deltas; the processor's freshness falls back to the files' mtime.

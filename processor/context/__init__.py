@@ -15,6 +15,6 @@ answer is the answer to the request with that row repeated N times (the tiled re
 * :mod:`.runner`: :class:`~.runner.ContextRunner`, what a SessionGroup runs a request through.
 
 The engines' halves (a part's sessions or callables) are
-:mod:`processor.engine.onnx.context_part` and :mod:`processor.engine.tf_context`. Importing this
-package imports nothing heavy (the model config reads :mod:`.settings`).
+:mod:`processor.engine.onnx.context_part` and :mod:`processor.engine.tensorflow.context`.
+Importing this package imports nothing heavy (the model config reads :mod:`.settings`).
 """

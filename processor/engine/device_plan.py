@@ -74,7 +74,7 @@ def cpu_plan(lanes: int, note: str = "") -> DevicePlan:
 def virtual_cpu_plan(lanes: int) -> DevicePlan:
     """Lane ``k`` on virtual CPU device ``/device:CPU:k``: the GPU lanes' per-lane graph copies, no GPU.
 
-    The test route of :mod:`processor.engine.lane_graphs`: a backend given this plan builds one
+    The test route of :mod:`processor.engine.tensorflow.lane_graphs`: a backend given this plan builds one
     graph copy per lane exactly as for lanes on (virtual) GPUs, on a session with ``lanes`` CPU
     devices (:func:`configure_tf_cpus`). Not reachable from a model config.
     """

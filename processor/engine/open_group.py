@@ -63,7 +63,7 @@ def open_session_group(config: ModelConfig, version: ModelVersion, features=None
                               f"(onnxruntime) or 'gpu' (onnxruntime-gpu) extra") from None
         backend: Backend = OnnxRuntimeBackend.open(config, version, device_plan.plan_for(config, engine), pinned)
     else:
-        from .tensorflow_backend import TensorFlowBackend
+        from .tensorflow.backend import TensorFlowBackend
 
         plan = device_plan.plan_for(config, engine)
         backend = TensorFlowBackend.open(config, version, lanes=len(plan.lanes), devices=plan, features=features)
@@ -87,7 +87,7 @@ def _context_runner(config: ModelConfig, backend: Backend, engine: str) -> Conte
         if engine == "onnxruntime":
             from .onnx.context_part import open_context_part
         else:
-            from .tf_context import open_context_part
+            from .tensorflow.context import open_context_part
         try:
             part, report = open_context_part(backend, rows.declared)
         except Exception as exc:  # an analysis or part session that fails must not fail the load

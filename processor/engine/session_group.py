@@ -79,7 +79,7 @@ class SessionGroup:
         self.batch_queue = batching.open_queue(backend, self.codec) if batching is not None else None
         self._direct_lane = None  # its door for the C ABI's direct path (open_direct_lane), made on demand
         # serve() runs the whole request in native code without the GIL (the ONNX Runtime native
-        # engine): an event loop may call it in place for small requests (DataPlane.try_inline)
+        # engine): an event loop may call it in place for small requests (DataPlane.submit)
         self.serves_natively = self._wire_server is not None and getattr(backend, "native_engine", None) is not None
 
     @property
@@ -142,7 +142,7 @@ class SessionGroup:
         to the response bytes); requests it does not take (invalid ones, rare forms, engine
         errors, a ranking request's one-row context) and engines without one go through the
         codec and :meth:`run`, which give the reference results and errors. ``in_place`` (an
-        event loop's call: ``DataPlane.try_inline``): None instead, for the caller to run it on
+        event loop's call: ``DataPlane.submit``): None instead, for the caller to run it on
         a thread (the reference path may take milliseconds). Raises ProcessorError.
         """
         wire = self._wire_server
@@ -159,9 +159,14 @@ class SessionGroup:
                 return out
         if in_place:
             return None
+        return self.serve_reference(data)
+
+    def serve_reference(self, data: bytes | memoryview) -> bytes:
+        """:meth:`serve` through the codec and :meth:`run`, without trying the native path (for a
+        request that path declined already). Raises ProcessorError."""
         codec = self.codec
         feeds, keys, aliases = codec.decode(data)
-        return codec.encode(keys, (self._run_whole if whole else self.run)(feeds, aliases))
+        return codec.encode(keys, (self._run_whole if len(data) <= self._split_bytes else self.run)(feeds, aliases))
 
     @property
     def gate(self) -> UpdateGate:

@@ -1,7 +1,7 @@
 """FeatureStore: embedding rows by int64 key: local DRAM, DRAM+SSD tiers, Redis, Redis Cluster.
 
 See :mod:`.feature_store` for the contract, :mod:`.key_layout` for the Redis layout and
-:mod:`processor.engine.embedding_lookup` for how a TensorFlow graph's lookups are served.
+:mod:`processor.engine.tensorflow.embedding_lookup` for how a TensorFlow graph's lookups are served.
 """
 
 from .feature_store import FeatureStore, VersionTables, open_feature_store, store_kind

@@ -14,10 +14,31 @@ replies, so the nodes work in parallel without threads and each node costs one r
 * :meth:`RedisNodes.check` (at start) reaches every node within one time budget in all, so a
   dead endpoint (or a cluster of dead seeds) fails fast;
 * a cluster's slot map comes from ``CLUSTER SLOTS`` of any reachable seed (or known node), and
-  is refreshed on ``MOVED`` / ``ASK`` replies (then the command is retried once) and by
-  :meth:`refresh`.
+  is refreshed on ``MOVED`` (``CLUSTERDOWN``, ``TRYAGAIN``) replies, then those commands are sent
+  again once, and by :meth:`refresh`; a command answered ``ASK`` (its slot is migrating and the
+  key has moved) is sent once more to the node the reply names, after ``ASKING``.
 
 Thread-safe.
+
+**Why not redis-py's RedisCluster** (issue 49, item 4; ``benchmarks/bench_redis_cluster_client.py``,
+results in ``benchmarks/results/redis_cluster_client.md``): it was tried as the transport of the
+same store (``ClusterPipeline`` per batch, ``BlockingConnectionPool`` per node, ``Retry(NoBackoff(),
+0)``, the same timeouts, hiredis) against a 3-node cluster and kept neither rule:
+
+* speed: its batch throughput is 0.43-0.64 of this module's in the kept run (0.32-0.72 over
+  three runs; lookups of 1, 64, 512 and 4,096 ids): e.g. 1,462 vs 581 us for 64 ids, 2,933 vs
+  1,895 us for 512, 9,381 vs 6,544 us for 4,096; 2.2-2.8x the client CPU from 64 ids up (a noisy
+  1.0-1.6x for 1 id); 0.53-0.59 with 4 threads. Same commands and round trips (one ``HMGET`` per
+  partition, one write per node); the cost is redis-py's per command routing (key extraction
+  and slot twice per command) and per argument encoding of the ~4,096 fields, which
+  ``KeyLayout.pack_hmget`` encodes in one numpy pass (redis-py cannot send pre-encoded commands);
+* fail-fast: a hung node (SIGSTOP) fails a lookup after 4.0 s (1 id) and 22 s (4,096 ids)
+  instead of 2.0 s (``socket_timeout``): ``ClusterPipeline`` re-sends every command that timed
+  out one at a time, each waiting the timeout again, whatever ``retry`` says; at start, three
+  hung seeds take 6.0 s (the socket timeout per seed) instead of 1.0 s (the connect timeout in
+  all). A killed node fails both at once (1-9 ms). Its error does not name the node.
+
+Its one functional edge, following ``ASK`` during a slot migration, is done here too (above).
 """
 
 from __future__ import annotations
@@ -114,6 +135,7 @@ class RedisNodes:
         self._socket_timeout = socket_timeout
         self._connect_timeout = connect_timeout
         self._lock = threading.Lock()
+        self._nodes_lock = threading.Lock()
         self._nodes: dict[tuple[str, int], RedisNode] = {}
         self._owner = np.zeros(SLOTS, np.int32)  # slot -> index into _order
         self._order: list[RedisNode] = []
@@ -123,11 +145,12 @@ class RedisNodes:
 
     def _node(self, address: RedisAddress) -> RedisNode:
         key = (address.host, address.port)
-        node = self._nodes.get(key)
-        if node is None:
-            node = RedisNode(address, self._password, self._read_conns, self._write_conns, self._socket_timeout,
-                             self._connect_timeout)
-            self._nodes[key] = node
+        with self._nodes_lock:  # refresh and ASK replies add nodes from request threads
+            node = self._nodes.get(key)
+            if node is None:
+                node = RedisNode(address, self._password, self._read_conns, self._write_conns,
+                                 self._socket_timeout, self._connect_timeout)
+                self._nodes[key] = node
         return node
 
     @property
@@ -202,48 +225,85 @@ class RedisNodes:
 
     def execute(self, commands: Sequence[tuple[int, tuple]], write: bool = False) -> list[Any]:
         """Run ``(slot, args)`` commands; replies in order (a ResponseError object for an error
-        reply). Raises StoreDown when a node cannot be reached or answers too slowly."""
+        reply). Raises StoreDown when a node cannot be reached or answers too slowly.
+
+        In a cluster, commands answered ``MOVED`` (or ``CLUSTERDOWN`` / ``TRYAGAIN``) are sent
+        again once after a :meth:`refresh`; commands answered ``ASK`` (their slot is being
+        migrated and the key has moved already) once to the node the reply names, each after
+        ``ASKING``, pipelined per node."""
         results = self._execute_once(commands, write)
         if self.cluster:
-            redirected = [i for i, r in enumerate(results) if _is_redirect(r)]
-            if redirected:
+            moved = [i for i, r in enumerate(results) if _is_redirect(r) and not _is_ask(r)]
+            if moved:
                 self.refresh()
-                again = self._execute_once([commands[i] for i in redirected], write)
-                for i, r in zip(redirected, again):
+                for i, r in zip(moved, self._execute_once([commands[i] for i in moved], write)):
+                    results[i] = r
+            asked = [i for i, r in enumerate(results) if _is_ask(r)]
+            if asked:
+                for i, r in zip(asked, self._ask([(results[i], commands[i][1]) for i in asked], write)):
                     results[i] = r
         return results
 
     def _execute_once(self, commands: Sequence[tuple[int, tuple]], write: bool) -> list[Any]:
-        redis = _redis()
         owner, order = self._owner, self._order
         by_node: dict[int, list[int]] = defaultdict(list)
         for i, (slot, _) in enumerate(commands):
             by_node[int(owner[slot]) if self.cluster else 0].append(i)
+        groups = list(by_node.items())
         results: list[Any] = [None] * len(commands)
+        replies = self._send([(order[n], [commands[i][1] for i in idxs]) for n, idxs in groups], write)
+        for (_, idxs), got in zip(groups, replies):
+            for i, r in zip(idxs, got):
+                results[i] = r
+        return results
+
+    def _ask(self, asked: list[tuple[Any, tuple]], write: bool) -> list[Any]:
+        """(ASK reply, args) -> the replies of the commands sent after ``ASKING`` to the nodes the
+        ASK replies name (one round, the nodes in parallel)."""
+        seed = self.seeds[0]
+        by_node: dict[tuple[str, int], list[int]] = defaultdict(list)
+        for i, (reply, _) in enumerate(asked):
+            by_node[(reply.host or seed.host, int(reply.port))].append(i)
+        groups = list(by_node.items())
+        batches = []
+        for (host, port), idxs in groups:
+            node = self._node(RedisAddress(host, port, 0, seed.username, seed.password, seed.tls))
+            batches.append((node, [c for i in idxs for c in (("ASKING",), asked[i][1])]))
+        results: list[Any] = [None] * len(asked)
+        for (_, idxs), got in zip(groups, self._send(batches, write)):
+            for i, r in zip(idxs, got[1::2]):  # the ASKING replies dropped
+                results[i] = r
+        return results
+
+    def _send(self, batches: list[tuple[RedisNode, list]], write: bool) -> list[list[Any]]:
+        """Each node's commands in one write, every node written before any is read; the replies
+        per batch (a ResponseError object for an error reply). Raises StoreDown."""
+        redis = _redis()
+        replies: list[list[Any]] = []
         taken = []
+        node = None  # the node being connected to, written to or read from
         try:
-            for n, idxs in by_node.items():
-                node = order[n]
+            for node, cmds in batches:
                 pool = node.write_pool if write else node.read_pool
                 conn = pool.get_connection()
-                taken.append((pool, conn, node, idxs))
-                conn.send_packed_command([b"".join(_pack(conn, [commands[i][1] for i in idxs]))],
-                                         check_health=False)  # one sendall per node
-            for _, conn, _, idxs in taken:
-                for i in idxs:
+                taken.append((pool, conn, node, len(cmds)))
+                conn.send_packed_command([b"".join(_pack(conn, cmds))], check_health=False)  # one sendall
+            for _, conn, node, count in taken:
+                got: list[Any] = []
+                replies.append(got)
+                for _ in range(count):
                     try:
-                        results[i] = conn.read_response()
+                        got.append(conn.read_response())
                     except redis.ResponseError as exc:
-                        results[i] = exc
+                        got.append(exc)
         except (redis.ConnectionError, redis.TimeoutError, redis.exceptions.InvalidResponse, OSError) as exc:
             for _, conn, _, _ in taken:
                 conn.disconnect()
-            names = ", ".join(sorted({t[2].name for t in taken})) or "redis"
-            raise StoreDown(f"{names}: {type(exc).__name__}: {exc}") from None
+            raise StoreDown(f"{node.name if node else 'redis'}: {type(exc).__name__}: {exc}") from None
         finally:
             for pool, conn, _, _ in taken:
                 pool.release(conn)
-        return results
+        return replies
 
     def ping_all(self) -> None:
         """PING every node (after a refresh for a cluster); raises StoreDown."""
@@ -276,6 +336,14 @@ def _pack(conn, commands: list) -> list[bytes]:
     if plain:
         out.extend(conn.pack_commands(plain))
     return out
+
+
+def _is_ask(result: Any) -> bool:
+    if not isinstance(result, Exception):
+        return False
+    from redis.exceptions import AskError, MovedError
+
+    return isinstance(result, AskError) and not isinstance(result, MovedError)  # MovedError is an AskError
 
 
 def _is_redirect(result: Any) -> bool:

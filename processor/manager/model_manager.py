@@ -472,12 +472,12 @@ class ModelManager:
         """Whether more than one version is served now."""
         return len(self._handles) > 1
 
-    def serves_natively(self) -> bool:
-        """Whether the serving version runs whole requests in native code (its group's
-        ``serves_natively``): read without a reference, so a hint only, for the version may be
-        replaced at any moment."""
+    def default_group(self) -> SessionGroup | None:
+        """The default version's group (None: none serves), read without a reference or the
+        lock: a hint only, for the version may be replaced at any moment (the DataPlane's plan
+        reads it when ``follow_default`` tells it of a change)."""
         handle = self._current
-        return handle is not None and handle.group.serves_natively
+        return handle.group if handle is not None else None
 
     def freshness_info(self) -> dict[str, Any]:
         """Each served version's served step, when it was written and its data age, and the

@@ -18,7 +18,7 @@ then for every call:
   call's edge span, and a traced call's ``traceparent`` sent back in the trailing metadata.
 
 Handlers under it are ``async def handler(request, context)`` that return the response message
-or raise; where a method's model work runs is theirs to say, through ``ServingRuntime.serve``
+or raise; where a method's model work runs is theirs to say, through ``ServingRuntime.dispatch``
 (the one concurrency rule of every edge), which decides by the request's size as it came
 (:data:`request_bytes`). Thread-safe: one event loop runs every call.
 """

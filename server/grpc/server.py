@@ -1,39 +1,27 @@
 """The gRPC front-end (grpcio): thin transport over :class:`~server.runtime.ServingRuntime`.
 
-Services:
+Services: each protocol's (the registrations the composition root hands over,
+:mod:`server.protocols`): our ``tensorflow.eas.ProcessorService`` (:mod:`server.eas.grpc_service`),
+TF Serving's ``PredictionService`` and ``ModelService`` (:mod:`server.tfserving.grpc_service`),
+KServe v2's ``inference.GRPCInferenceService`` (:mod:`server.kserve.grpc_service`), each under
+the server's interceptor; TensorFlow's ``ProfilerService`` (:mod:`server.tfserving.profiler`,
+with ``enable_profiler``), forwarded outside it. And:
 
-* ``tensorflow.eas.ProcessorService/Predict`` (``protos/processor_service.proto``): our
-  ``PredictRequest`` / ``PredictResponse``; the model is named by the ``model-name`` request
-  metadata (optional when one model is served). Bytes go straight to ``DataPlane.predict``. An
-  empty request message is DeepRec's introspection ping, as an empty HTTP body and the C ABI's
-  empty ``process()`` are: the answer is the signature as JSON bytes (not a ``PredictResponse``;
-  read it with a raw-bytes call, e.g. ``channel.unary_unary(path)``), with the trailing
-  metadata ``x-response-format: signature-json``. The request metadata ``x-model-version``
-  (digits) or ``x-model-label`` names the version to run on (a model may serve several; a version
-  not served is NOT_FOUND, malformed digits INVALID_ARGUMENT); with neither, ``x-routing-key``
-  picks the arm of the model's traffic split. The answer names the version that ran in its
-  initial metadata ``x-model-version``.
-* ``tensorflow.serving.PredictionService`` (Predict, Classify, Regress, MultiInference,
-  GetModelMetadata) and ``tensorflow.serving.ModelService/GetModelStatus``: the messages of the
-  ``tensorflow-serving-api`` package, so unchanged TF Serving clients work (:mod:`.tfs`).
-* Admin methods: KServe v2's model repository (``RepositoryIndex``, ``RepositoryModelLoad``,
-  ``RepositoryModelUnload``, :mod:`.v2`) and TF Serving's ``HandleReloadConfigRequest``
-  (:mod:`.tfs`), :mod:`server.repository`'s logic. Each is checked by the server's
-  :class:`~server.http.admin.AdminGate` (:class:`GrpcAdminGate`: the token in the ``authorization``
-  (``Bearer <token>``) or ``x-admin-token`` metadata, a verified client certificate with
-  ``admin_client_cert``): UNAUTHENTICATED without a token, PERMISSION_DENIED with a wrong one or
-  none configured; each call is logged with the caller's address and runs on the default executor.
-  Like the HTTP admin routes they are not counted in the request metrics.
-* ``tensorflow.ProfilerService`` (TensorBoard's "Capture profile", ``tf.profiler.experimental.client.trace``)
-  with ``enable_profiler``: forwarded to TensorFlow's own profiler server in this process
-  (:mod:`.profiler`); UNIMPLEMENTED when off or when no model serves on TensorFlow.
-* ``grpc.health.v1.Health``: ``""`` is SERVING when every model is ready; each service name when
-  at least one model is; each model name when that model is; all NOT_SERVING while draining.
+* Admin methods (KServe v2's model repository, TF Serving's ``HandleReloadConfigRequest``): each
+  is checked by the server's :class:`~server.http.admin.AdminGate` (:class:`GrpcAdminGate`, handed
+  to every protocol: the token in the ``authorization`` (``Bearer <token>``) or ``x-admin-token``
+  metadata, a verified client certificate with ``admin_client_cert``): UNAUTHENTICATED without
+  a token, PERMISSION_DENIED with a wrong one or none configured; each call is logged with the
+  caller's address and runs on the default executor. Like the HTTP admin routes they are not
+  counted in the request metrics.
+* ``grpc.health.v1.Health``: ``""`` is SERVING when every model is ready; each protocol's service
+  names when at least one model is; each model name when that model is; all NOT_SERVING while
+  draining.
 
 Concurrency: the server is ``grpc.aio``, on an event loop of its own thread (:class:`GrpcServer`).
 Every call of ours goes through one interceptor (:mod:`.interceptor`: request id, parsing,
 drain gate, metrics, access log, the one error mapping), and each model's work runs as on HTTP
-(``ServingRuntime.serve``): a small request to a model that runs in place right on the loop
+(``ServingRuntime.dispatch``): a small request to a model that runs in place right on the loop
 (the engine takes tens of microseconds, less than a hop to a thread), any other on that model's
 own pool, so a slow model's queue never holds another model's calls. Messages over
 ``max_request_bytes`` are refused by gRPC itself with RESOURCE_EXHAUSTED. Request ids travel in
@@ -51,69 +39,18 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import grpc
 
-from processor.errors import InvalidArgument
-from processor.request import PredictCall, parse_version
-
-from ..deadline import from_grpc
 from ..http.admin import AdminGate
-from ..logs import request_id_var
+from ..protocols import Protocol
 from ..repository import off_loop
 from ..runtime import ServingRuntime
-from . import tfs, v2
-from .interceptor import EdgeInterceptor, Method, Service, metadata, metadata_values
-from .profiler import ProfilerForward
+from .interceptor import EdgeInterceptor, Method, Service, metadata_values
 
 log = logging.getLogger("server.grpc")
-
-PROCESSOR_SERVICE = "tensorflow.eas.ProcessorService"
-MODEL_NAME_KEYS = ("model-name", "x-model-name")
-# ProcessorService/Predict's request metadata, read in one scan: the model, the version (digits)
-# or label to run on, the routing key (see the module doc)
-_PREDICT_METADATA = {**dict.fromkeys(MODEL_NAME_KEYS, 0), "x-model-version": 1, "x-model-label": 2,
-                     "x-routing-key": 3}
-
-
-class ProcessorService:
-    """``tensorflow.eas.ProcessorService``: our wire format's bytes straight to the DataPlane."""
-
-    def __init__(self, rt: ServingRuntime) -> None:
-        self.rt = rt
-
-    def model_of(self, data: bytes, context: grpc.aio.ServicerContext) -> str:
-        """The model the ``model-name`` metadata names; with one model served, that one; else ""."""
-        return self._model(metadata(context, MODEL_NAME_KEYS))
-
-    def _model(self, named: str | None) -> str:
-        """The model ``named`` (the metadata's value), else the one model served, else ""."""
-        if named:
-            return named
-        names = self.rt.dataplane.model_names
-        return names[0] if len(names) == 1 else ""
-
-    async def predict(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        """One Predict (see the module doc): the version it names, or its routing key's arm."""
-        rt = self.rt
-        named, version, label, key = metadata_values(context, _PREDICT_METADATA, 4)
-        model = self._model(named)
-        if not model:
-            raise InvalidArgument(f"name the model in the 'model-name' request metadata; "
-                                  f"serving {sorted(rt.dataplane.model_names)}")
-        call = PredictCall(model, data, None if version is None else parse_version(version), label or None,
-                           deadline=from_grpc(context), routing_key=key)
-        result = await rt.predict_wire(call)
-        await context.send_initial_metadata((("x-model-version", str(result.version_number)),))
-        if result.introspection:  # the signature JSON, as HTTP and the C ABI answer
-            context.set_trailing_metadata((("x-request-id", request_id_var.get()),
-                                           ("x-response-format", "signature-json")))
-        return result.outputs
-
-    def service(self) -> Service:
-        return Service(PROCESSOR_SERVICE, {"Predict": (self.predict, Method("predict", model=self.model_of))})
 
 
 class GrpcAdminGate:
@@ -155,35 +92,36 @@ def _cert_names(context: grpc.aio.ServicerContext) -> tuple[str, ...] | None:
     return tuple(n.decode("latin-1") if isinstance(n, bytes) else n for n in names) if names else None
 
 
-def services(rt: ServingRuntime) -> list[Service]:
-    """Every service of ours: our ProcessorService, KServe v2, TF Serving's (when its messages
-    are installed); their admin methods behind one :class:`GrpcAdminGate`."""
+def services(rt: ServingRuntime, protocols: Sequence[Protocol]) -> list[Service]:
+    """Every service of the ``protocols`` (in order; TF Serving's only when its messages are
+    installed), their admin methods behind one :class:`GrpcAdminGate`."""
     admin = GrpcAdminGate(AdminGate.of(rt))
-    return [ProcessorService(rt).service(), v2.service(rt, admin), *tfs.services(rt, admin)]
+    return [service for protocol in protocols if protocol.grpc is not None for service in protocol.grpc(rt, admin)]
 
 
 class GrpcServer:
-    """A ``grpc.aio`` server on an event loop of its own thread, driven from any other thread.
+    """A ``grpc.aio`` server on an event loop of its own thread, driven from any other thread,
+    serving the ``protocols``' services.
 
     ``start`` / ``add_port`` / ``stop`` block until the loop has done them; :meth:`submit` runs
     a coroutine there. The HTTP server's loop and this one never wait on each other."""
 
-    def __init__(self, rt: ServingRuntime) -> None:
+    def __init__(self, rt: ServingRuntime, protocols: Sequence[Protocol]) -> None:
         dep = rt.deployment
         self.loop = _new_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="sp-grpc", daemon=True)
         self._thread.start()
         rt.cpu_meter.watch(self._thread.native_id)  # its load sheds shadow copies
-        ours = services(rt)
+        ours = services(rt, protocols)
+        raw = [handler for protocol in protocols if protocol.grpc_raw is not None for handler in protocol.grpc_raw(rt)]
         methods: dict[str, Method] = {}
         for service in ours:
             methods.update(service.methods())
 
         async def create() -> grpc.aio.Server:  # grpc.aio binds a server to the running loop
             return grpc.aio.server(
-                # TensorFlow's profiler: forwarded as it came, outside the interceptor (.profiler)
-                handlers=[*(service.generic_handler() for service in ours),
-                          ProfilerForward(rt).generic_handler()],
+                # the raw handlers (TensorFlow's profiler): forwarded as they came, outside the interceptor
+                handlers=[*(service.generic_handler() for service in ours), *raw],
                 interceptors=[EdgeInterceptor(rt, methods)],
                 options=grpc_options(dep),
                 maximum_concurrent_rpcs=dep.grpc_max_concurrent_rpcs)
@@ -237,11 +175,14 @@ class GrpcServer:
 
 
 class Health:
-    """Keeps the standard health service in step with the models (polls every ``interval``)."""
+    """Keeps the standard health service in step with the models (polls every ``interval``);
+    ``names``: the protocols' service names it reports."""
 
-    def __init__(self, rt: ServingRuntime, server: GrpcServer, interval: float = 0.5) -> None:
+    def __init__(self, rt: ServingRuntime, server: GrpcServer, names: Sequence[str] = (),
+                 interval: float = 0.5) -> None:
         self.rt = rt
         self.server = server
+        self.names = tuple(names)
         self.servicer = None
         self._task: concurrent.futures.Future | None = None
         try:
@@ -264,7 +205,7 @@ class Health:
         ready = self.rt.readiness()
         await self.servicer.set("", serving if ready and all(ready.values()) else not_serving)
         any_ready = serving if any(ready.values()) else not_serving
-        for service in (PROCESSOR_SERVICE, tfs.PREDICTION_SERVICE, tfs.MODEL_SERVICE, v2.SERVICE):
+        for service in self.names:
             await self.servicer.set(service, any_ready)
         for name, ok in ready.items():
             await self.servicer.set(name, serving if ok else not_serving)
@@ -293,12 +234,13 @@ def _new_loop() -> asyncio.AbstractEventLoop:
 
 
 def create_grpc_server(rt: ServingRuntime, host: str, port: int | None,
-                       credentials: grpc.ServerCredentials | None = None) -> tuple[GrpcServer, int | None, Health]:
-    """A started-later :class:`GrpcServer` bound to ``host:port`` (0: a free port; None: no TCP
-    port, a Unix socket only); returns the port. With ``credentials`` (server/tls.py) the port
-    speaks TLS."""
-    server = GrpcServer(rt)
-    health = Health(rt, server)
+                       credentials: grpc.ServerCredentials | None = None,
+                       protocols: Sequence[Protocol] = ()) -> tuple[GrpcServer, int | None, Health]:
+    """A started-later :class:`GrpcServer` of the ``protocols``' services (their registrations,
+    server/protocols.py) bound to ``host:port`` (0: a free port; None: no TCP port, a Unix socket
+    only); returns the port. With ``credentials`` (server/tls.py) the port speaks TLS."""
+    server = GrpcServer(rt, protocols)
+    health = Health(rt, server, [name for protocol in protocols for name in protocol.grpc_health])
     return server, None if port is None else server.add_port(host, port, credentials), health
 
 

@@ -24,37 +24,41 @@ Endpoints (OpenAPI at ``/docs`` and ``/openapi.json``):
   (``admin_client_cert_names`` narrows it to named certificates). Every admin call is logged
   with the caller's address.
 * Model repository (KServe v2's extension, admin-protected as above): ``POST
-  /v2/repository/index``, ``POST /v2/repository/models/{m}/load`` and ``/unload``
-  (:mod:`.repository`).
+  /v2/repository/index``, ``POST /v2/repository/models/{m}/load`` and ``/unload``.
 
 Every error is ``{"error": "<message>"}`` with the HTTP status of ``STATUS_TABLE`` (OpenAPI lists
 them per route); a 405 carries ``Allow``. Model work runs on the model's thread pool, never on the
 event loop. Header size and count, read timeouts and the connection cap are enforced below the
 application, by the connection protocol (:mod:`server.http.protocol`).
 """
+# (this docstring is the OpenAPI document's description; the code: each protocol's routes come
+# from its package, server/eas, server/tfserving, server/kserve, registered through
+# server/protocols.py; this module adds them and the routes every protocol shares)
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI
 
 from ..logs import new_request_id, request_id_var
 from ..otel import edge_trace
+from ..protocols import Protocol
 from ..runtime import ServingRuntime
-from . import admin, errors, probe_routes, processor_routes, repository, tfs_routes, v2
+from . import admin, errors, probe_routes
 from .predict import PredictRoutes
 
-_V1_PREFIX = re.compile(r"^/v1/models", re.I)
 
-
-def create_http_app(rt: ServingRuntime) -> Any:
+def create_http_app(rt: ServingRuntime, protocols: Sequence[Protocol]) -> Any:
     """The ASGI application (FastAPI wrapped in the request-id / path middleware), composed of
-    one module per protocol (:mod:`.processor_routes`, :mod:`.tfs_routes`, :mod:`.v2`,
-    :mod:`.probe_routes`, :mod:`.admin`), the error answers and their OpenAPI description
-    (:mod:`.errors`) and the predict hot path (:mod:`.predict`). FastAPI matches routes in
-    the order they are added: TF Serving's ``/v1/{path}`` catch-all comes after its own."""
+    each protocol's routes (``protocols``, in order: their registrations, server/protocols.py;
+    each adds its FastAPI routes and its inference routes to the fast path), the routes every
+    protocol shares (:mod:`.probe_routes`, :mod:`.admin`), the error answers and their OpenAPI
+    description (:mod:`.errors`) and the inference fast path (:mod:`.predict`). FastAPI matches
+    routes in the order they are added: a protocol's catch-all (TF Serving's ``/v1/{path}``)
+    comes after its own routes."""
     dep = rt.deployment
     app = FastAPI(
         title="serving-processor",
@@ -65,35 +69,40 @@ def create_http_app(rt: ServingRuntime) -> Any:
         openapi_url="/openapi.json" if dep.enable_docs else None,
     )
     predict = PredictRoutes(rt)
-    errors.install(app)
-    processor_routes.register(app, rt, predict)
-    tfs_routes.register(app, rt, predict)
+    errors.install(app, predict)
+    for protocol in protocols:
+        if protocol.http is not None:
+            protocol.http(app, rt, predict)
     probe_routes.register(app, rt)
-    v2.register(app, rt, errors.PREDICT_ERRORS, predict)  # the Open Inference Protocol (KServe v2)
     probe_routes.register_metrics(app, rt)
     admin.register(app, rt)
-    repository.register(app, rt)  # KServe v2's model repository extension (admin)
-    return RequestContext(app, predict)
+    folded = tuple(prefix for protocol in protocols for prefix in protocol.http_case_folded)
+    return RequestContext(app, predict, folded)
 
 
 class RequestContext:
-    """ASGI middleware: request id (``X-Request-ID`` in and out), case-insensitive ``/v1/models``,
-    and the predict hot path (POSTs to predict URLs go straight to :class:`PredictRoutes`); with
-    tracing on, the request's W3C trace context (server/otel.py: ``traceparent`` in, and out when
-    the request was traced)."""
+    """ASGI middleware: request id (``X-Request-ID`` in and out), the protocols' case-insensitive
+    path prefixes (``folded``: TF Serving's ``/v1/models``) in the spelling their routes match,
+    and the inference fast path (POSTs to inference URLs go straight to :class:`PredictRoutes`);
+    with tracing on, the request's W3C trace context (server/otel.py: ``traceparent`` in, and out
+    when the request was traced)."""
 
-    def __init__(self, app: FastAPI, predict: PredictRoutes) -> None:
+    def __init__(self, app: FastAPI, predict: PredictRoutes, folded: tuple[str, ...] = ()) -> None:
         self.app = app
         self.predict = predict
+        # (prefix, its length, a pattern matching it in any case), made once
+        self._folds = tuple((prefix, len(prefix), re.compile("^" + re.escape(prefix), re.I)) for prefix in folded)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         path = scope["path"]
-        if path[:10] != "/v1/models" and _V1_PREFIX.match(path):
-            path = "/v1/models" + path[10:]
-            scope = dict(scope, path=path)
+        for prefix, n, any_case in self._folds:
+            if path[:n] != prefix and any_case.match(path):
+                path = prefix + path[n:]
+                scope = dict(scope, path=path)
+                break
         given = None
         for key, value in scope["headers"]:
             if key == b"x-request-id":

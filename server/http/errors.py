@@ -22,7 +22,7 @@ from processor.errors import InvalidArgument, ProcessorError
 
 from ..runtime import ServingRuntime
 from .json_stream import check_depth
-from .predict import EAS_PREFIX, PREDICT_PATH, as_response, error_reply, tracked
+from .predict import PredictRoutes, as_response, error_reply, tracked
 
 
 def error_response(exc: BaseException) -> Response:
@@ -77,10 +77,11 @@ class JsonDepthRoute(APIRoute):
         return checked
 
 
-def install(app: FastAPI) -> None:
+def install(app: FastAPI, predict: PredictRoutes | None = None) -> None:
     """Answer the errors raised outside handlers (routing, validation) as ours; patch the OpenAPI
     document to say so; hold every route's JSON body to the nesting limit (:class:`JsonDepthRoute`:
-    install before any route is added)."""
+    install before any route is added). ``predict``: the inference fast path, whose URLs take
+    POST (a 405's ``Allow``)."""
     app.router.route_class = JsonDepthRoute
 
     @app.exception_handler(ProcessorError)
@@ -98,7 +99,7 @@ def install(app: FastAPI) -> None:
         if exc.status_code == 404:
             message = f"no such endpoint: {request.method} {request.url.path}"
         elif exc.status_code == 405:
-            allowed = _allowed_methods(app, request.scope)
+            allowed = _allowed_methods(app, request.scope, predict)
             headers["Allow"] = ", ".join(allowed)
             message = f"method {request.method} not allowed on {request.url.path}; allowed: {', '.join(allowed)}"
         else:
@@ -108,14 +109,14 @@ def install(app: FastAPI) -> None:
     app.openapi = lambda: openapi(app)
 
 
-def _allowed_methods(app: FastAPI, scope: dict) -> list[str]:
+def _allowed_methods(app: FastAPI, scope: dict, predict: PredictRoutes | None = None) -> list[str]:
     """Every method some route takes at this path (for ``Allow``)."""
     methods: set[str] = set()
     for route in app.router.routes:
         match, _ = route.matches(scope)
         if match != Match.NONE:
             methods |= set(getattr(route, "methods", None) or ())
-    if scope.get("path", "").startswith(EAS_PREFIX) or PREDICT_PATH.match(scope.get("path", "")):
+    if predict is not None and predict.route(scope.get("path", "")) is not None:
         methods.add("POST")  # answered by RequestContext before routing
     return sorted(methods)
 

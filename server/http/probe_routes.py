@@ -19,17 +19,39 @@ from ..runtime import ServingRuntime
 from .errors import INFO_ERRORS, error_response
 
 
-def register(app: FastAPI, rt: ServingRuntime) -> None:
-    """Add the probe routes to ``app``."""
+_JSON = "application/json"
+# The OpenAPI description of the probes' answers (each path its own: KServe v2's paths too)
+_LIVE = {200: {"description": "the server is up: {\"live\": true}",
+               "content": {_JSON: {"example": {"live": True}}}}}
+_READY = {200: {"description": "every model loaded and warm, the server not draining: {\"ready\": true, "
+                               "\"draining\", \"models\": state per model, \"versions\": served versions per model}",
+                "content": {_JSON: {"example": {"ready": True, "draining": False, "models": {"m": "ready"},
+                                                "versions": {"m": [1]}}}}},
+          503: {"description": "a model not ready, or the server draining: the same body with "
+                               "\"ready\": false and \"error\" saying which",
+                "content": {_JSON: {"example": {"ready": False, "draining": False, "models": {"m": "loading"},
+                                                "versions": {"m": []}, "error": "models not ready: m: loading"}}}}}
+_MODEL_READY = {**INFO_ERRORS,
+                200: {"description": "the model serves: {\"name\", \"ready\": true, \"state\"}",
+                      "content": {_JSON: {"example": {"name": "m", "ready": True, "state": "ready"}}}},
+                503: {"description": "the model is not ready (loading, failed, or the server draining): "
+                                     "{\"name\", \"ready\": false, \"state\", \"error\"}",
+                      "content": {_JSON: {"example": {"name": "m", "ready": False, "state": "loading",
+                                                      "error": "model 'm' is loading"}}}}}
 
-    @app.get("/healthz", tags=["health"], summary="Liveness")
-    @app.get("/v2/health/live", tags=["health"], summary="Liveness (KServe v2 path)")
+
+def register(app: FastAPI, rt: ServingRuntime) -> None:
+    """Add the probe routes to ``app`` (KServe v2's health paths among them: every protocol's
+    clients probe the same readiness)."""
+
+    @app.get("/healthz", tags=["health"], summary="Liveness", responses=_LIVE)
+    @app.get("/v2/health/live", tags=["health", "kserve-v2"], summary="Liveness (KServe v2 path)", responses=_LIVE)
     async def live() -> dict:
         return {"live": True}
 
-    @app.get("/readyz", tags=["health"], summary="Readiness: every model loaded and warm",
-             responses={503: {"description": "a model not ready, or the server draining"}})
-    @app.get("/v2/health/ready", tags=["health"], summary="Readiness (KServe v2 path)")
+    @app.get("/readyz", tags=["health"], summary="Readiness: every model loaded and warm", responses=_READY)
+    @app.get("/v2/health/ready", tags=["health", "kserve-v2"], summary="Readiness (KServe v2 path)",
+             responses=_READY)
     async def ready() -> JSONResponse:
         states, readiness = rt.states(), rt.readiness()
         body: dict[str, Any] = {"ready": rt.ready, "draining": rt.gate.draining, "models": states,
@@ -41,8 +63,8 @@ def register(app: FastAPI, rt: ServingRuntime) -> None:
             return JSONResponse(body, status_code=503)
         return JSONResponse(body)
 
-    @app.get("/v2/models/{model}/ready", tags=["health"], summary="One model's readiness",
-             responses=INFO_ERRORS)
+    @app.get("/v2/models/{model}/ready", tags=["health", "kserve-v2"], summary="One model's readiness",
+             responses=_MODEL_READY)
     async def model_ready(model: str) -> JSONResponse:
         try:
             served, ok = rt.model(model), rt.model_ready(model)

@@ -59,7 +59,7 @@ class _Refused(Exception):
 
 
 def limited_protocol(deployment: Any, inline: Any = None) -> type[HttpToolsProtocol]:
-    """The protocol class for ``deployment`` (a :class:`~processor.deployment.DeploymentConfig`);
+    """The protocol class for ``deployment`` (a :class:`~server.settings.DeploymentConfig`);
     ``inline``: the predict routes (:class:`~server.http.predict.PredictRoutes`) whose small
     requests the connection answers itself (see :class:`LimitedHttpProtocol`)."""
     attrs = {
@@ -180,9 +180,10 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     and any of our wire format within ``max_request_bytes``, since a large one never runs in
     place) is answered the same way once it ran: the answer (:class:`~server.http.predict.Later`)
     is awaited in a task of its own on the loop, without ASGI messages or the response cycle,
-    counted among uvicorn's tasks (a shutdown waits for it as for an ASGI one). While it is awaited, the
-    connection's next request takes the ASGI path and its response waits for this one's
-    (``CoalescingCycle.after``).
+    counted among uvicorn's tasks (a shutdown waits for it as for an ASGI one); so is one answered
+    here that must wait after all (the engine declined it: its answer is a ``Later`` too, the
+    request's tracking carried into the task). While it is awaited, the connection's next
+    request takes the ASGI path and its response waits for this one's (``CoalescingCycle.after``).
     """
 
     max_header_bytes = 16 * 1024
@@ -334,26 +335,28 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         answer = exchange.now
         otel = self.inline.rt.otel  # tracing on: the request's trace context (server/otel.py)
         edge = otel.http_edge(exchange.headers, "POST", len(exchange.body)) if otel is not None else None
-        if answer.__class__ is Later:
-            context = contextvars.copy_context()
-            context.run(request_id_var.set, rid)
+        if answer.__class__ is not Later:
+            token = request_id_var.set(rid)
             if edge is not None:
-                context.run(edge_trace.set, edge)
-            task = self._later = self.loop.create_task(
-                self._answer_later(answer, exchange.body, exchange.headers, rid, keep_alive, edge), context=context)
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
-            return
-        token = request_id_var.set(rid)
+                edge_token = edge_trace.set(edge)
+            try:
+                reply = answer(bytes(exchange.body), exchange.headers)
+            finally:
+                request_id_var.reset(token)
+                if edge is not None:
+                    edge_trace.reset(edge_token)
+            if reply.__class__ is not Later:
+                self._write(reply, rid, keep_alive and not self._close_after_later, edge)
+                return
+            answer = reply  # it must wait after all (the engine declined it): the rest in a task
+        context = contextvars.copy_context()
+        context.run(request_id_var.set, rid)
         if edge is not None:
-            edge_token = edge_trace.set(edge)
-        try:
-            reply = answer(bytes(exchange.body), exchange.headers)
-        finally:
-            request_id_var.reset(token)
-            if edge is not None:
-                edge_trace.reset(edge_token)
-        self._write(reply, rid, keep_alive and not self._close_after_later, edge)
+            context.run(edge_trace.set, edge)
+        task = self._later = self.loop.create_task(
+            self._answer_later(answer, exchange.body, exchange.headers, rid, keep_alive, edge), context=context)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     async def _answer_later(self, later: Later, body: bytearray, headers: list, rid: str, keep_alive: bool,
                             edge: EdgeTrace | None) -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import model_config, plain_tf_predict
 from sp_checks import FLOAT_ATOL, FLOAT_RTOL, assert_outputs_close
-from processor.features.local_redis import LocalRedisCluster, redis_server_binary
+from tools.local_redis import LocalRedisCluster, redis_server_binary
 from unit.features.helpers import copy_model, label, publish_delta, publish_full, read_all, row_delta, served, \
     store_tables, wait_for
 

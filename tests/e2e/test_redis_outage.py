@@ -10,7 +10,7 @@ import pytest
 from conftest import model_config, plain_tf_predict
 from sp_checks import FLOAT_ATOL, FLOAT_RTOL
 from processor import codec
-from processor.features.local_redis import LocalRedis, redis_server_binary
+from tools.local_redis import LocalRedis, redis_server_binary
 
 pytestmark = pytest.mark.skipif(redis_server_binary() is None,
                                 reason="redis-server is not installed (scripts/setup.sh installs it)")

@@ -1,5 +1,5 @@
 """Requests of raw tensors run from a form seen before (server/infer_forms.py): KServe v2 over
-HTTP (server/http/v2_prepared.py) and gRPC (ModelInfer's raw contents), TF Serving gRPC's
+HTTP (server/kserve/rest_prepared.py) and gRPC (ModelInfer's raw contents), TF Serving gRPC's
 ``tensor_content``.
 
 A real ServingApp (uvicorn + our protocol and grpc, in a thread) serves the DLRM-like ``.onnx``
@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from processor import codec
-from processor.deployment import DeploymentConfig
+from server.settings import DeploymentConfig
 
 MODEL = "dlrm"
 
@@ -233,8 +233,8 @@ def test_grpc_model_infer_of_a_kept_form_answers_as_the_ordinary_path(server, mo
 def test_tf_serving_predict_of_a_kept_form_answers_as_the_ordinary_path(server, model_dir, answered):
     import grpc
 
-    from server.grpc.tensor_proto import from_numpy, to_numpy
-    from server.tfs_messages import messages
+    from server.tfserving.tensor_proto import from_numpy, to_numpy
+    from server.tfserving.messages import messages
 
     types = messages()
 

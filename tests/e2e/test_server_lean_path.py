@@ -23,7 +23,7 @@ import time
 import pytest
 
 from processor.codec import decode_response, encode_request
-from processor.deployment import DeploymentConfig
+from server.settings import DeploymentConfig
 
 MODEL = "dlrm"
 
@@ -124,7 +124,7 @@ def test_lean_answers_equal_the_asgi_path_and_keep_the_connection(server, monkey
     before = requests_served(server)
     taken = spy_lean(server, monkeypatch)
     answers = exchange(server, request(body), request(body, extra="X-Request-ID: lean-abc\r\n"), request(body))
-    assert server.runtime.dataplane.inline_hint(MODEL)
+    assert server.runtime.runs_here(MODEL, len(body), True)  # the plan: in place, on the loop
     assert taken == ["predict"] * 3
     for status, headers, data in answers:
         assert status == 200 and headers["content-type"] == "application/x-protobuf"
@@ -144,8 +144,10 @@ def test_a_large_request_takes_the_lean_path_on_the_models_pool(server, monkeypa
     (status, _, reference), = exchange(server, chunked(body))  # the ASGI path
     assert status == 200
     inline, later = spy_lean(server, monkeypatch), []
-    real = server._asgi.predict.eas_later
-    monkeypatch.setattr(server._asgi.predict, "eas_later", lambda *a: later.append(len(a[1])) or real(*a))
+    from server.eas.rest_routes import EasPredict
+
+    real = EasPredict.later
+    monkeypatch.setattr(EasPredict, "later", lambda self, *a: later.append(len(a[1])) or real(self, *a))
     answers = exchange(server, request(body), request(encode_request(dlrm_onnx.inputs(1))), request(body))
     assert [a[0] for a in answers] == [200, 200, 200]
     assert answers[0][2] == answers[2][2] == reference

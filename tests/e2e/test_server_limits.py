@@ -24,7 +24,7 @@ import grpc
 import pytest
 
 from fakes import ANSWER, SIGNATURE, FakeManager, fake_models, fake_processor
-from processor.deployment import DeploymentConfig
+from server.settings import DeploymentConfig
 
 TOKEN = "limits-test-token"
 TIMEOUT = 1.0  # header and body read timeouts of the limits server

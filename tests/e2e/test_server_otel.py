@@ -27,7 +27,7 @@ pytest.importorskip("opentelemetry.sdk", reason="the server extra installs the O
 import grpc  # noqa: E402
 
 from processor.codec import encode_request  # noqa: E402
-from processor.deployment import DeploymentConfig  # noqa: E402
+from server.settings import DeploymentConfig  # noqa: E402
 from processor.request import wire_call  # noqa: E402
 from tools import otlp_receiver  # noqa: E402
 

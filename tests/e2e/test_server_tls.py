@@ -328,7 +328,7 @@ def test_rotated_certificate_is_presented_without_failed_requests(server, pki):
 def in_process(pki, **top):
     """A ServingApp over the fake model ``m`` with TLS from ``pki``; yields it."""
     from fakes import FakeManager, fake_models
-    from processor.deployment import DeploymentConfig
+    from server.settings import DeploymentConfig
     from server.app import ServingApp
 
     secret = pki.secret

@@ -2,7 +2,7 @@
 
 TensorFlow costs every server process ~230 MiB of private memory; TF Serving's APIs used to
 import it through ``tensorflow_serving.apis``' protocol buffers (they are built without it now:
-``server/tfs_messages.py``). A real server (``python -m server``, 2 workers) serves the DLRM-like
+``server/tfserving/messages.py``). A real server (``python -m server``, 2 workers) serves the DLRM-like
 ``.onnx`` model on ONNX Runtime; TF Serving's own client stubs call Predict, GetModelMetadata and
 GetModelStatus over its gRPC port on fresh channels, and TF Serving's REST metadata on fresh
 connections, until both workers have answered each; then

@@ -1,5 +1,5 @@
 """TF Serving's own end-to-end tests of its command line, against ``tensorflow_model_server`` (the
-console script of this project, server/tfs_cli.py) started with TF Serving's own command lines,
+console script of this project, server/tfserving/cli.py) started with TF Serving's own command lines,
 and the image's entry script (docker/tfserving-entrypoint.sh) serving ``half_plus_two``.
 
 Ported from ``tensorflow_serving/model_servers/tensorflow_model_server_test.py`` and its base

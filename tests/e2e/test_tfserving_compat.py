@@ -35,7 +35,7 @@ Not ported (features we do not serve), with the reason:
   ``testGoodGrpcChannelArgs``, ``testPredictUDS``: they need TF Serving's command line
   (``--model_config_file`` and its polling, ``--grpc_channel_arguments``,
   ``--grpc_socket_path``): ported in ``tests/e2e/test_tfserving_cli.py``, against
-  ``tensorflow_model_server`` (``server/tfs_cli.py``) started with TF Serving's own command lines.
+  ``tensorflow_model_server`` (``server/tfserving/cli.py``) started with TF Serving's own command lines.
 * ``testPredictOnTfLite``, ``testPredictWithSignatureDefOnTfLite``: TF Lite models.
 * ``test_profiler_service_with_valid_trace_request``: it needs ``--enable_profiler`` (on in TF
   Serving, off in our deployment files): ported in ``tests/e2e/test_tfserving_profiler.py``,

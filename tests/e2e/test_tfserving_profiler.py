@@ -1,4 +1,4 @@
-"""TensorFlow's profiler on the gRPC port (``tensorflow.ProfilerService``, server/grpc/profiler.py):
+"""TensorFlow's profiler on the gRPC port (``tensorflow.ProfilerService``, server/tfserving/profiler.py):
 TF Serving's own end-to-end test of it, against ``tensorflow_model_server`` started with TF
 Serving's command line, and the answers where no trace can be taken.
 

@@ -350,9 +350,12 @@ def test_a_request_the_model_refuses_fails_alone_in_a_merged_call(tmp_path, make
 @pytest.mark.parametrize("backend", ["onnxruntime", "tensorflow"])
 def test_a_call_queued_for_an_event_loop_notifies_its_fd_and_answers_as_unbatched(
         ctr_model_small, make_processor, backend):
-    """``DataPlane.queue_batched`` (server/batch_waiter.py awaits it): the native queue adds 1 to
-    the notify fd once the ticket is answered; the answer is the unbatched one; while an update
-    waits for the gate nothing is queued (an event loop must not wait for a delta)."""
+    """``DataPlane.submit`` queues a batching model's wire call (server/batch_waiter.py awaits
+    it): the native queue adds 1 to the notify fd once the ticket is answered; the answer is the
+    unbatched one; while an update waits for the gate nothing is queued (an event loop must not
+    wait for a delta): the call is deferred to a thread, holding its version."""
+    from processor.batching.batched_call import BatchedCall
+    from processor.dataplane import Deferred
     import os
 
     from processor.request import wire_call
@@ -364,8 +367,8 @@ def test_a_call_queued_for_an_event_loop_notifies_its_fd_and_answers_as_unbatche
     requests = ctr_requests(3)
     fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
     try:
-        calls = [batched.dataplane.queue_batched(wire_call(batched.name, r), fd) for r in requests]
-        assert all(c is not None for c in calls)
+        calls = [batched.dataplane.submit(wire_call(batched.name, r), 0, fd) for r in requests]
+        assert all(isinstance(c, BatchedCall) for c in calls)
         assert not any(c.ticket.done for c in calls)  # waiting for the batch's timeout
         assert wait_for(lambda: all(c.ticket.done for c in calls), 10), "the batch never ran"
         assert os.eventfd_read(fd) == 3  # one per answered ticket
@@ -378,8 +381,10 @@ def test_a_call_queued_for_an_event_loop_notifies_its_fd_and_answers_as_unbatche
         handle = batched.models.get(batched.name).manager.acquire_handle()
         try:
             with handle.group.gate.exclusive():  # an update writing
-                assert batched.dataplane.queue_batched(wire_call(batched.name, requests[0]), fd) is None
+                deferred = batched.dataplane.submit(wire_call(batched.name, requests[0]), 0, fd)
+                assert isinstance(deferred, Deferred)
         finally:
             handle.release()
+        assert_same_predictions((200, deferred.run().outputs), plain.process(requests[0]))
     finally:
         os.close(fd)

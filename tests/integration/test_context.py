@@ -244,18 +244,21 @@ def test_native_engine_leaves_broadcast_requests_to_the_exact_path(tmp_path, mak
 
 
 def test_an_event_loop_never_runs_a_broadcast_request_in_place(tmp_path, make_processor):
-    """DataPlane.try_inline (an edge's event loop) takes only what the native engine runs; a
-    one-row context goes to a thread (its exact path may take milliseconds)."""
+    """DataPlane.submit (an edge's event loop) runs only what the native engine runs; a one-row
+    context goes to a thread (its exact path may take milliseconds), holding the version it was
+    routed to."""
     from demo import dlrm_onnx
-    from processor.request import wire_call
+    from processor.dataplane import Deferred
+    from processor.request import PredictResult, wire_call
 
     dlrm_onnx.build(tmp_path / "m" / "model.onnx", rows=500, dim=4)
     proc = make_processor({"savedmodel_dir": str(tmp_path / "m"), "session_num": 1, **PER_SESSION})
     feeds = dlrm_onnx.inputs(4, seed=2)
     one = codec.encode_request({**feeds, "dense": feeds["dense"][:1]})
-    assert proc.dataplane.try_inline(wire_call(proc.name, one), 1 << 20) is None
-    assert proc.dataplane.try_inline(wire_call(proc.name, codec.encode_request(feeds)), 1 << 20) is not None
-    assert proc.dataplane.predict(wire_call(proc.name, one)).outputs
+    deferred = proc.dataplane.submit(wire_call(proc.name, one), 1 << 20)
+    assert isinstance(deferred, Deferred)
+    assert isinstance(proc.dataplane.submit(wire_call(proc.name, codec.encode_request(feeds)), 1 << 20), PredictResult)
+    assert deferred.run().outputs == proc.dataplane.predict(wire_call(proc.name, one)).outputs
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

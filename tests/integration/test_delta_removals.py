@@ -1,7 +1,7 @@
 """Deltas that remove ids (issue 45): on every store the served ids are the trainer's, exactly.
 
 A trainer keeps two of the CTR model's id tables as hash tables of its own (raw ids, the
-EmbeddingVariable export format: :class:`~processor.checkpoint.writer.CheckpointWriter`'s keyed
+EmbeddingVariable export format: :class:`~demo.trainer.writer.CheckpointWriter`'s keyed
 tables) and, delta after delta, adds ids, updates rows and removes ids, including a removal and a
 re-insert in either order, across deltas and within one. After each delta a real processor
 (memory: the EmbeddingVariable tables go to a DRAM store; DRAM; DRAM+SSD; Redis; Redis Cluster;
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import LoadedModel, model_config
-from processor.features.local_redis import LocalRedis, LocalRedisCluster, redis_server_binary
+from tools.local_redis import LocalRedis, LocalRedisCluster, redis_server_binary
 from unit.features.helpers import copy_model, label, store_tables, wait_for
 
 KEYED = ("embeddings/C1", "embeddings/C2")
@@ -29,7 +29,7 @@ class KeyedTrainer:
     changes; publishes fulls and deltas with the real writer into the model's run."""
 
     def __init__(self, model, delta_mode: str, seed: int = 0) -> None:
-        from processor.checkpoint.writer import CheckpointWriter
+        from demo.trainer.writer import CheckpointWriter
 
         self.loaded = LoadedModel(model.savedmodel_dir)
         self.loaded.restore(model.latest_checkpoint_prefix)

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import model_config, plain_tf_predict
 from processor import codec
-from processor.features.local_redis import LocalRedis, redis_server_binary
+from tools.local_redis import LocalRedis, redis_server_binary
 from sp_checks import assert_outputs_close
 from processor.features.native_rows import AVAILABLE
 from unit.features.helpers import copy_model, label, publish_delta, publish_full, read_all, served, store_tables, \

@@ -18,8 +18,8 @@ import pytest
 from conftest import model_config
 from processor import abi
 from processor.errors import ProcessorError, StatusCode, Unavailable
-from processor.features.local_redis import LocalRedis, free_port, redis_server_binary
 from processor.processor import Processor
+from tools.local_redis import LocalRedis, free_port, redis_server_binary
 
 
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from conftest import model_config, plain_tf_predict
-from processor.features.local_redis import redis_server_binary
+from tools.local_redis import redis_server_binary
 from sp_checks import assert_outputs_close
 from unit.features.helpers import copy_model, label, publish_delta, publish_full, read_all, row_delta, served, \
     store_tables, wait_for

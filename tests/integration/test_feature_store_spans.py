@@ -15,11 +15,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 
 from processor import spans  # noqa: E402
-from processor.features.local_redis import LocalRedis, redis_server_binary  # noqa: E402
 from processor.features.redis_client import RedisNodes  # noqa: E402
 from processor.features.redis_store import RedisStore  # noqa: E402
 from processor.features.redis_url import parse_redis_url  # noqa: E402
 from processor.features.rows import RowChunk, TableSpec  # noqa: E402
+from tools.local_redis import LocalRedis, redis_server_binary  # noqa: E402
 
 pytestmark = pytest.mark.skipif(redis_server_binary() is None,
                                 reason="redis-server is not installed (scripts/setup.sh installs it)")

@@ -182,7 +182,7 @@ def test_process_still_answers_correctly_after_the_fuzz(toy_processor, error_log
 @pytest.fixture(scope="module")
 def runtime(toy_model, error_log):
     pytest.importorskip("fastapi")
-    from processor.deployment import DeploymentConfig
+    from server.settings import DeploymentConfig
     from server.runtime import ServingRuntime
 
     deployment = DeploymentConfig.from_dict(
@@ -198,7 +198,8 @@ def runtime(toy_model, error_log):
 
 def _tfs(rt, body: bytes, version=None, label=None, method="predict") -> tuple[int, bytes]:
     """What ``POST /v1/models/toy[...]:method`` answers, minus the socket: (status, body)."""
-    from server.http.predict import error_reply, tfs_predict
+    from server.http.predict import error_reply
+    from server.tfserving.rest_predict import tfs_predict
 
     try:
         return 200, tfs_predict(rt, "toy", version, label, method, body)

@@ -1,5 +1,5 @@
 """Bounded, derandomized fuzzing of the KServe v2 decoders and the version paths (issue 32),
-against a real (toy) model: the REST infer handler (``server.http.v2.infer_http``, what ``POST
+against a real (toy) model: the REST infer handler (``server.kserve.rest_routes.infer_http``, what ``POST
 /v2/models/toy[/versions/v]/infer`` runs) with generated and mutated JSON and binary-extension
 bodies, large bodies included (the run-at-a-time decoder), and the gRPC
 ``inference.GRPCInferenceService`` of a real grpc server on a loopback port with generated,
@@ -31,9 +31,10 @@ GOOD_Y = [2.5, 3.0, 0.25]
 
 @pytest.fixture(scope="module")
 def grpc_infer(runtime):
+    from server.app import PROTOCOLS
     from server.grpc.server import create_grpc_server
 
-    server, port, health = create_grpc_server(runtime, "127.0.0.1", 0)
+    server, port, health = create_grpc_server(runtime, "127.0.0.1", 0, protocols=PROTOCOLS)
     server.start()
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     calls = {name: channel.unary_unary(f"/inference.GRPCInferenceService/{name}")
@@ -49,7 +50,7 @@ def grpc_infer(runtime):
 def _rest(rt, body: bytes, header_length: str | None = None, version: str | None = None) -> tuple[int, bytes]:
     """What ``POST /v2/models/toy[/versions/v]/infer`` answers, minus the socket."""
     from server.http.predict import error_reply
-    from server.http.v2 import infer_http
+    from server.kserve.rest_routes import infer_http
 
     try:
         reply = infer_http(rt, "toy", version, bytearray(body), header_length, None)
@@ -180,7 +181,7 @@ def test_version_texts_on_every_path(runtime, grpc_infer, version):
     a malformed version is 400 / INVALID_ARGUMENT, another one 404 / NOT_FOUND, 1 is served."""
     from processor.errors import ProcessorError
     from processor.request import parse_version
-    from server.http.predict import tfs_predict
+    from server.tfserving.rest_predict import tfs_predict
 
     _check_rest(runtime, GOOD_V2[0], version=version)
     try:

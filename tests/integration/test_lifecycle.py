@@ -197,7 +197,7 @@ def test_half_written_checkpoint_is_not_picked_up(ctr, feeds, make_processor):
 
 
 def test_mismatched_delta_is_rejected(ctr, trainer, feeds, make_processor):
-    from processor.checkpoint.publish import publish_checkpoint
+    from demo.trainer.publish import publish_checkpoint
     from processor.checkpoint.tensor_file import write_tensors
 
     p = make_processor(model_config(ctr, file_system_poll_wait_seconds=POLL))

@@ -107,9 +107,11 @@ def test_a_failing_sink_leaves_serving_alone_and_is_reported(toy_model, make_pro
 
 @pytest.mark.parametrize("backend", ["tensorflow", "onnxruntime"])
 def test_calls_an_event_loop_runs_in_place_are_sampled_once(toy_model, make_processor, tmp_path, backend):
-    """DataPlane.try_inline (the HTTP and gRPC edges' first try) samples a logged model's call;
-    one it does not take (the TensorFlow group does not serve natively) is sampled afresh by
-    predict(): either way each call is logged at the sampling rate, with what was sent."""
+    """DataPlane.submit (the HTTP and gRPC edges' door) samples a logged model's call it runs in
+    place; one its plan sends to a thread (the TensorFlow group does not serve natively) is
+    sampled there: either way each call is logged at the sampling rate, with what was sent."""
+    from processor.dataplane import Deferred
+
     logs = tmp_path / "logs"
     rate, n = 0.25, 2000
     processor = make_processor(model_config(toy_model, backend=backend, logging_config={
@@ -118,13 +120,13 @@ def test_calls_an_event_loop_runs_in_place_are_sampled_once(toy_model, make_proc
     taken = 0
     for i in range(n):
         call = PredictCall("toy", request(float(i)))
-        result = dataplane.try_inline(call, 8192)
-        if result is None:
-            result = dataplane.predict(call)
+        result = dataplane.submit(call, 8192)
+        if isinstance(result, Deferred):
+            result = result.run()
         else:
             taken += 1
         np.testing.assert_allclose(codec.decode_response(result.outputs)["y"], [[0.5 * i + 2]], rtol=1e-5)
-    in_place = dataplane.runs_in_place("toy")
+    in_place = dataplane.plan("toy").native
     assert in_place == (backend == "onnxruntime" and native.MODULE is not None)
     assert taken == (n if in_place else 0)
     assert processor.model.prediction_log.flush()

@@ -8,10 +8,10 @@ import pytest
 from processor.errors import Unavailable
 from processor.features import native_rows
 from processor.features.rows import RowChunk, TableSpec
-from processor.features.local_redis import LocalRedis, LocalRedisCluster, redis_server_binary
 from processor.features.redis_client import RedisNodes
 from processor.features.redis_store import RedisStore
 from processor.features.redis_url import parse_redis_url
+from tools.local_redis import LocalRedis, LocalRedisCluster, redis_server_binary
 from sp_checks import wait_for
 
 pytestmark = pytest.mark.skipif(redis_server_binary() is None,
@@ -186,3 +186,36 @@ def test_outage_fails_fast_then_refills_an_empty_redis(tmp_path):
         store.close()
     finally:
         redis.close()
+
+
+def test_reads_and_writes_follow_a_slot_migration():
+    """A partition's slot migrates to another node: while it migrates (its key moved already, so
+    the old owner answers ASK) and after (MOVED), lookups and a delta's writes reach the row."""
+    cluster = LocalRedisCluster(3)
+    try:
+        store = make_store(cluster.url, True, "migrate")
+        src = Source()
+        vt = store.open_version("r-1", SPECS, src)
+        keys = src.keys("emb/a")[:300]  # spread over every partition: most commands are not redirected
+        part = int(store.layout.partition_of(vt.tids["emb/a"], keys[:1])[0])
+        slot, key = str(int(vt.slots[part])), vt.keys[part].decode()
+        owner = next(s for s in cluster.servers if s.cli("cluster", "countkeysinslot", slot).strip() == "1")
+        target = next(s for s in cluster.servers if s is not owner)
+        owner_id, target_id = (s.cli("cluster", "myid").strip() for s in (owner, target))
+        target.cli("cluster", "setslot", slot, "importing", owner_id)
+        owner.cli("cluster", "setslot", slot, "migrating", target_id)
+        assert owner.cli("migrate", "127.0.0.1", str(target.port), key, "0", "5000").strip() == "OK"
+        np.testing.assert_array_equal(vt.lookup([("emb/a", keys)])[0], src.values("emb/a", keys))  # ASK
+        rows = {"emb/a": RowChunk(keys[:1], np.full((1, 8), 9, np.float32))}
+        vt.stage_delta(rows, 15)  # its HSET is answered ASK too
+        vt.apply_delta(rows, 15)
+        want = src.values("emb/a", keys)
+        want[0] = 9
+        np.testing.assert_array_equal(vt.lookup([("emb/a", keys)])[0], want)
+        for server in cluster.servers:  # the migration ends: the old owner answers MOVED
+            server.cli("cluster", "setslot", slot, "node", target_id)
+        np.testing.assert_array_equal(vt.lookup([("emb/a", keys)])[0], want)
+        assert store.state == "up"
+        store.close()
+    finally:
+        cluster.close()

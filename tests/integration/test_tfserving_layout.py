@@ -148,7 +148,7 @@ def test_pin_and_restore_model_version_name_a_number(versions, tmp_path, make_pr
 
 
 def test_tfserving_model_status_reports_the_version_number(versions, tmp_path, make_processor):
-    from server.tfserving import model_status
+    from server.tfserving.status import model_status
 
     base = tmp_path / "m"
     copy_version(versions, base, 1, as_number=17)

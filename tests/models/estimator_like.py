@@ -7,7 +7,7 @@ serialized ``tf.Example``s parsed with a feature spec, and the signatures an Est
 * ``regression``: ``inputs`` -> ``outputs`` (the probability of class 1, ``[batch, 1]``);
 * ``predict``: ``examples`` -> ``logits``, ``probabilities``, ``class_ids`` (predict method);
 * ``ranking``: ``examples`` -> ``probability`` (``[batch, 1]``, predict method): a ranking
-  model's own signature, which Regress and Classify also take (see ``server/tfs_inference.py``).
+  model's own signature, which Regress and Classify also take (see ``server/tfserving/inference.py``).
 
 Features: a ranking request's context (``user_age`` float, ``user_group`` int64) and per-item
 ones (``item_price`` float, ``item_id`` int64), all with defaults, so a merged example and a

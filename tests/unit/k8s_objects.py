@@ -62,8 +62,9 @@ def kserve(kind: str) -> dict:
 
 
 def server_routes() -> set[str]:
-    """Every path the HTTP server routes (decorators of server/http/*.py)."""
+    """Every path the HTTP server routes (decorators of the HTTP transport's shared routes,
+    server/http/*.py, and of each protocol's, server/<protocol>/*.py)."""
     out: set[str] = set()
-    for path in (ROOT / "server" / "http").glob("*.py"):
+    for path in (ROOT / "server").glob("*/*.py"):
         out |= set(re.findall(r'@\w+\.(?:get|post|put|delete|api_route)\(\s*"([^"]+)"', path.read_text()))
     return out

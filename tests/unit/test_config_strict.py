@@ -6,7 +6,7 @@ import json
 import pytest
 
 from processor.config import ModelConfig, decode_utf8, parse_json, shorten
-from processor.deployment import DeploymentConfig
+from server.settings import DeploymentConfig
 from processor.errors import ConfigError, StatusCode
 
 BASE = {"savedmodel_dir": "/models/sm"}

@@ -73,14 +73,94 @@ def test_version_labels_resolve_and_an_unknown_label_or_both_are_invalid():
 
 
 def test_small_requests_run_in_place_only_where_the_group_serves_natively():
+    """submit (an event loop's door) runs nothing of a group that holds the GIL: a Deferred for
+    a thread, with no acquire spent on it; an unknown model is refused there and then."""
+    from processor.dataplane import Deferred
+    from processor.request import Work
+
     manager = CountingManager("m")
     plane = dataplane(manager)
-    assert plane.try_inline(PredictCall("m", b"\x0a\x01x"), 8192) is None  # the fake holds the GIL
-    assert plane.try_inline(PredictCall("m", b"x" * 100), 10) is None  # over the size: not even looked at
-    assert plane.try_inline(PredictCall("nope", b"\x0a\x01x"), 8192) is None
-    assert not plane.runs_in_place("m") and not plane.runs_in_place("nope")
-    assert not plane.inline_hint("m")
-    assert manager.acquired == 1  # try_inline once; runs_in_place reads without a reference
+    deferred = plane.submit(PredictCall("m", b"\x0a\x01x"), 8192)
+    assert isinstance(deferred, Deferred) and manager.acquired == 0  # the plan said: a thread
+    assert deferred.run().outputs == ANSWER and manager.acquired == 1
+    assert isinstance(plane.submit(Work("m", 10, lambda: "ran"), 8192), Deferred)
+    with pytest.raises(NotFound):
+        plane.submit(PredictCall("nope", b"\x0a\x01x"), 8192)
+    assert not plane.plan("m").native and plane.plan("nope") is None
+
+
+class _NativeGroup:
+    """A group whose engine runs whole requests natively; ``takes``: whether it takes this one."""
+
+    from fakes import _Group as _base
+
+    signature = _base.signature
+    version = _base.version
+    serves_natively = True
+    takes = True
+
+    def __init__(self) -> None:
+        self.served: list[str] = []
+
+    def serve(self, data, in_place=False):
+        self.served.append("native" if in_place else "serve")
+        return ANSWER if self.takes or not in_place else None
+
+    def serve_reference(self, data):
+        self.served.append("reference")
+        return ANSWER
+
+
+class NativeManager(CountingManager):
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.group = _NativeGroup()
+        self.released = 0
+        manager = self
+
+        class Handle:
+            group = self.group
+
+            def release(self) -> None:
+                manager.released += 1
+        self._handle = Handle
+
+    def acquire_handle(self, number=None):
+        self.acquired += 1
+        return self._handle()
+
+    def default_group(self):
+        return self.group
+
+    def follow_default(self, listener) -> None:
+        listener(self.group)
+
+
+def test_submit_runs_a_small_native_request_in_place_and_defers_the_rest_holding_its_version():
+    """One acquire per call whatever path it takes: a request the engine declines on the loop
+    goes to a thread holding the version it was routed to, which runs the reference path (the
+    native one is not tried twice)."""
+    from processor.dataplane import Deferred
+    from processor.request import Work
+
+    manager = NativeManager("m")
+    plane = dataplane(manager)
+    assert plane.submit(PredictCall("m", b"\x0a\x01x"), 8192).outputs == ANSWER
+    assert (manager.acquired, manager.released, manager.group.served) == (1, 1, ["native"])
+    assert isinstance(plane.submit(PredictCall("m", b"x" * 100), 10), Deferred)  # over the size
+    assert manager.acquired == 1
+    manager.group.takes = False
+    deferred = plane.submit(PredictCall("m", b"\x0a\x01x"), 8192)
+    assert isinstance(deferred, Deferred) and (manager.acquired, manager.released) == (2, 1)
+    assert deferred.run().outputs == ANSWER
+    assert (manager.acquired, manager.released) == (2, 2)
+    assert manager.group.served == ["native", "native", "reference"]
+    held = plane.submit(PredictCall("m", b"\x0a\x01x"), 8192)
+    held.close()  # never run (the pool refused it): its version is released, once
+    held.close()
+    assert (manager.acquired, manager.released) == (3, 3)
+    assert plane.submit(Work("m", 10, lambda: "ran"), 8192) == "ran"  # decoded on the loop: in place
+    assert isinstance(plane.submit(Work("m", 10, lambda: "ran"), 5), Deferred)
 
 
 def test_a_served_model_is_built_from_its_parts_and_delegates_to_its_manager():
@@ -118,6 +198,18 @@ def test_plain_says_when_a_call_needs_nothing_but_the_default_group():
             version_labels={"canary": 2}, shadow={"label": "canary", "fraction": 0.5})),
     }
     plane = DataPlane(ModelRegistry(models.values()))
-    assert {name: plane.plain(name) for name in models} == {
+    assert {name: plane.plan(name).plain for name in models} == {
         "plain": True, "traced": False, "logged": False, "split": False, "shadowed": False}
-    assert plane.plain("unknown") is False
+    assert plane.plan("unknown") is None
+
+
+def test_the_plan_is_published_afresh_when_the_routing_changes():
+    """A shadow set at run time (the admin API) takes the model off the plain path at once."""
+    model = ServedModel("m", CONFIG, manager=FakeManager("m"), version_labels={"canary": 1})
+    plane = DataPlane(ModelRegistry([model]))
+    seen = []
+    plane.follow_plan("m", lambda plan: seen.append(plan.plain))
+    model.router.update({"shadow": {"label": "canary"}}, require_served=False)
+    assert seen == [True, False] and not plane.plan("m").plain
+    model.router.update({"shadow": None}, require_served=False)
+    assert plane.plan("m").plain and seen == [True, False, True]

@@ -24,7 +24,7 @@ yaml = pytest.importorskip("yaml")
 jsonschema = pytest.importorskip("jsonschema")
 
 from processor.config import ModelConfig  # noqa: E402
-from processor.deployment import DeploymentConfig  # noqa: E402
+from server.settings import DeploymentConfig  # noqa: E402
 
 from unit.k8s_objects import KSERVE, ROOT  # noqa: E402
 from unit.k8s_objects import kserve as _kserve  # noqa: E402

@@ -23,7 +23,7 @@ yaml = pytest.importorskip("yaml")
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate (dev extra) not installed")
 
 from processor.config import ModelConfig  # noqa: E402
-from processor.deployment import DeploymentConfig  # noqa: E402
+from server.settings import DeploymentConfig  # noqa: E402
 
 from unit.k8s_objects import K8S, KSERVE, ROOT  # noqa: E402
 from unit.k8s_objects import container as _container  # noqa: E402
@@ -271,7 +271,7 @@ def test_doc_config_keys_are_config_keys():
     for word in set(re.findall(r"`([a-z]+(?:_[a-z0-9]+)+)`", doc)):
         if word in metrics or word in allowed or word.isupper():
             continue
-        assert word in known, f"docs/scaling-out.md: `{word}` is no config key of processor/config.py or deployment.py"
+        assert word in known, f"docs/scaling-out.md: `{word}` is no config key of processor/config.py or server/settings.py"
     # the JSON blocks of the doc are valid model_config / deployment fragments
     for block in re.findall(r"```json\n(.*?)```", doc, re.S):
         data = json.loads(block)

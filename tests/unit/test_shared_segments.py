@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from processor import shared_segments
-from processor.deployment import DeploymentConfig
+from server.settings import DeploymentConfig
 from processor.errors import ConfigError
 
 

@@ -14,6 +14,6 @@
 * :mod:`.signature`, :mod:`.weights` - the signature and parameters stored next to the model.
 
 The helpers never import the backend: what both need lives in :mod:`.ort_env` (and
-:mod:`processor.engine.tf_signature` on the TensorFlow side). Nothing here imports onnxruntime,
+:mod:`processor.engine.tensorflow.signature` on the TensorFlow side). Nothing here imports onnxruntime,
 onnx, tf2onnx or TensorFlow at import time.
 """

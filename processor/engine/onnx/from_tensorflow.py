@@ -40,8 +40,8 @@ import numpy as np
 from ...config import shorten
 from ...errors import ConfigError, Internal, NotFound, ProcessorError
 from ...store.model_version import ModelVersion
-from ..tf_signature import SERVE_TAGS, signature_from_def
-from ..tf_variables import check_outputs_restored, restored_variables
+from ..tensorflow.signature import SERVE_TAGS, signature_from_def
+from ..tensorflow.variables import check_outputs_restored, restored_variables
 from .check import check_against_tensorflow
 from .hash_rewrite import CONTRIB_DOMAIN, rewrite_string_hashing
 from .signature import signature_to_manifest

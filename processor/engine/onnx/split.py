@@ -1,6 +1,6 @@
 """Device placement on ONNX Runtime: a cached graph split at its embedding lookups.
 
-The ONNX counterpart of :mod:`processor.engine.placement` (which plans a TensorFlow GraphDef):
+The ONNX counterpart of :mod:`processor.engine.tensorflow.placement` (which plans a TensorFlow GraphDef):
 
 * a lookup is a ``Gather`` (axis 0) whose data is a 2-D initializer, an embedding table;
 * the embedding part holds the lookups and every ancestor of their ids (hashing, ``Mod``,

@@ -1,6 +1,6 @@
 """The deployment JSON inside deploy/kubernetes' ConfigMap, rendered by the render-config init
 container's own script (taken from deployment.yaml) run as a process, and validated with
-processor.deployment."""
+server.settings."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 yaml = pytest.importorskip("yaml")
 
-from processor.deployment import DeploymentConfig  # noqa: E402
+from server.settings import DeploymentConfig  # noqa: E402
 from unit.k8s_objects import ROOT  # noqa: E402
 from unit.k8s_objects import container as _container  # noqa: E402
 from unit.k8s_objects import one as _one  # noqa: E402

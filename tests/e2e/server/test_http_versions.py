@@ -232,7 +232,7 @@ def test_classify_and_regress_pass_the_routing_key_on():
     the DataPlane's call looked at) carry ``X-Routing-Key`` as the call's routing key."""
     from types import SimpleNamespace
 
-    from server.http.predict import tfs_reply
+    from server.tfserving.rest_predict import tfs_reply
 
     calls = []
 

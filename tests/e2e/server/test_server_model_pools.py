@@ -21,7 +21,7 @@ import grpc
 import pytest
 
 from fakes import ANSWER, FakeManager, fake_models
-from processor.deployment import DeploymentConfig
+from server.settings import DeploymentConfig
 from processor.store.model_version import ModelVersion
 
 QUEUE = 6  # "slow" may have this many requests waiting for its one thread

@@ -20,7 +20,7 @@ import pytest
 
 from fakes import FailingManager, fake_models, fake_processor
 from processor import abi, codec
-from processor.deployment import DeploymentConfig
+from server.settings import DeploymentConfig
 from processor.errors import STATUS_TABLE, ProcessorError, StatusCode
 
 CODES = [c for c in StatusCode if c != StatusCode.OK]

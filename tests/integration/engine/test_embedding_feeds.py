@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from processor.engine.embedding_lookup import needed_feeds
+from processor.engine.tensorflow.embedding_lookup import needed_feeds
 
 tf = pytest.importorskip("tensorflow")
 

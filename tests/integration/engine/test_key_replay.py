@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import model_config
-from processor.engine.key_replay import KeyReplay
+from processor.engine.tensorflow.key_replay import KeyReplay
 from processor.errors import InvalidArgument
 
 tf = pytest.importorskip("tensorflow")

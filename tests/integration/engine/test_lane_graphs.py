@@ -25,7 +25,7 @@ def _plan(*devices: int) -> gpu.DevicePlan:
 def _group(paths, plan: gpu.DevicePlan, **overrides):
     from processor.config import ModelConfig
     from processor.engine.session_group import SessionGroup
-    from processor.engine.tensorflow_backend import TensorFlowBackend
+    from processor.engine.tensorflow.backend import TensorFlowBackend
     from processor.store.model_version import ModelVersion
 
     config = ModelConfig.from_dict(model_config(paths, session_num=len(plan.lanes), **overrides))

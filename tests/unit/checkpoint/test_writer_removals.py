@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from demo.trainer.writer import CheckpointWriter
 from processor.checkpoint.delta import PARENT_TENSOR, WRITTEN_AT_TENSOR, VariableInfo, read_delta
 from processor.checkpoint.tensor_file import read_tensors
-from processor.checkpoint.writer import CheckpointWriter
 from processor.features.ev_checkpoint import TableSource, read_store_delta
 
 DIM = 4

@@ -2,7 +2,7 @@
 engine; the graph copies themselves: tests/integration/engine/test_lane_graphs.py)."""
 
 from processor.engine import device_plan as gpu
-from processor.engine import lane_graphs
+from processor.engine.tensorflow import lane_graphs
 
 
 def test_lane_map_one_copy_per_distinct_device():

@@ -21,7 +21,7 @@ def _ops(graph_def, op_type):
 
 
 def test_plan_puts_the_embedding_layer_on_the_cpu(demo_graph_def):
-    from processor.engine.placement import plan_placement, serving_ancestors
+    from processor.engine.tensorflow.placement import plan_placement, serving_ancestors
 
     graph_def, outputs = demo_graph_def
     plan = plan_placement(graph_def, serving_ancestors(graph_def, outputs))
@@ -43,7 +43,7 @@ def test_plan_puts_the_embedding_layer_on_the_cpu(demo_graph_def):
 
 
 def test_apply_plan_sets_devices(demo_graph_def):
-    from processor.engine.placement import apply_plan, plan_placement
+    from processor.engine.tensorflow.placement import apply_plan, plan_placement
 
     graph_def, _ = demo_graph_def
     copy = type(graph_def)()

@@ -30,7 +30,7 @@ def read_all(prefix) -> dict[str, np.ndarray]:
 
 
 def publish_full(run_dir: Path, step: int, tensors: dict[str, np.ndarray]) -> Path:
-    from processor.checkpoint.publish import publish_checkpoint, update_state
+    from demo.trainer.publish import publish_checkpoint, update_state
     from processor.checkpoint.tensor_file import write_tensors
 
     prefix = publish_checkpoint(run_dir, "model.ckpt", step, lambda tmp: write_tensors(tmp, tensors))
@@ -39,7 +39,7 @@ def publish_full(run_dir: Path, step: int, tensors: dict[str, np.ndarray]) -> Pa
 
 
 def publish_delta(run_dir: Path, step: int, tensors: dict[str, np.ndarray]) -> Path:
-    from processor.checkpoint.publish import publish_checkpoint
+    from demo.trainer.publish import publish_checkpoint
     from processor.checkpoint.tensor_file import write_tensors
 
     return publish_checkpoint(run_dir / ".incremental_checkpoint", "incremental_model.ckpt", step,

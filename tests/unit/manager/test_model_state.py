@@ -10,7 +10,7 @@ import pytest
 
 from processor.errors import StatusCode
 from processor.manager.model_state import TRANSITIONS, IllegalTransition, ModelState, transition
-from server import tfserving
+from server.tfserving import status as tfserving
 
 S = ModelState
 ALLOWED = {

@@ -23,9 +23,11 @@ import pytest
 from processor import dtypes, native
 from processor.signature import TensorSpec
 from server import native_json
-from server import open_inference as oip
-from server.http import tfs_json, tfs_json_encode, v2
-from server.http.tfs_json_values import to_array
+from server.kserve import open_inference as oip
+from server.kserve import rest_routes as v2
+from server.tfserving import rest_json as tfs_json
+from server.tfserving import rest_json_encode as tfs_json_encode
+from server.tfserving.rest_json_values import to_array
 
 pytestmark = [pytest.mark.skipif(native.MODULE is None, reason="processor._native is not built"),
               pytest.mark.filterwarnings("ignore::RuntimeWarning")]  # the reference's overflow casts
@@ -276,7 +278,7 @@ def bodies(seed: int = 0, n: int = 300) -> list[bytes]:
 
 
 def test_tf_serving_bodies_read_natively_decode_as_the_reference_does(without_native, monkeypatch):
-    from server.http.predict import tfs_inputs
+    from server.tfserving.rest_predict import tfs_inputs
 
     limits = tfs_json.Limits()
     taken = 0

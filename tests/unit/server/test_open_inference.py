@@ -1,4 +1,4 @@
-"""server.open_inference: v2 tensors to numpy and back, and the errors that name the tensor."""
+"""server.kserve.open_inference: v2 tensors to numpy and back, and the errors that name the tensor."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from processor.errors import InvalidArgument
-from server import open_inference as oip
+from server.kserve import open_inference as oip
 
 
 @pytest.mark.parametrize("datatype, array", [

@@ -7,9 +7,9 @@ import pytest
 
 pytest.importorskip("opentelemetry.sdk", reason="the server extra installs the OpenTelemetry SDK")
 
-from processor.deployment import DeploymentConfig  # noqa: E402
+from server.settings import DeploymentConfig  # noqa: E402
 from processor.errors import ConfigError  # noqa: E402
-from processor.otel_settings import TracingSettings  # noqa: E402
+from server.otel_settings import TracingSettings  # noqa: E402
 from server.otel import DEFAULT_SAMPLE_RATE, Resolved, Tracing, resolve  # noqa: E402
 
 MODEL = {"name": "m", "model_config": {"savedmodel_dir": "/tmp/none"}}

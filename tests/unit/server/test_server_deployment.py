@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from processor.config import ModelConfig
-from processor.deployment import DeploymentConfig
+from server.settings import DeploymentConfig
 from processor.errors import ConfigError, StatusCode
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -108,7 +108,7 @@ def test_redacted_masks_secrets():
 def test_processor_never_imports_transports():
     import ast
 
-    import processor.deployment as mod
+    import server.settings as mod
 
     tree = ast.parse(Path(mod.__file__).read_text())
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)

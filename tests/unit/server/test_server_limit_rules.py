@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from processor.deployment import DeploymentConfig, is_loopback
+from server.settings import DeploymentConfig, is_loopback
 from processor.errors import ConfigError
 
 MODEL = {"savedmodel_dir": "/models/toy/savedmodel"}

@@ -11,9 +11,10 @@ from processor.dtypes import DT_BOOL, DT_FLOAT, DT_INT32, DT_INT64, DT_STRING
 from processor.errors import InvalidArgument, NotFound, PayloadTooLarge
 from processor.signature import Signature, TensorSpec
 from processor.store.model_version import ModelVersion
-from server.http import tfs_json, tfs_json_encode
-from server.http.tfs_routes import STATUS_PATH
-from server.http.predict import PREDICT_PATH as _PREDICT_PATH
+from server.tfserving import rest_json as tfs_json
+from server.tfserving import rest_json_encode as tfs_json_encode
+from server.tfserving.rest_routes import STATUS_PATH
+from server.tfserving.rest_predict import PREDICT_PATH as _PREDICT_PATH
 
 TOY = Signature("serving_default", {"x": TensorSpec("x", "x:0", DT_FLOAT, (-1, 1))},
                 {"y": TensorSpec("y", "y:0", DT_FLOAT, (-1, 1))})
@@ -170,7 +171,7 @@ def test_tensor_proto_round_trip():
 
     import tensorflow as tf
 
-    from server.grpc import tensor_proto
+    from server.tfserving import tensor_proto
 
     for array in (np.arange(6, dtype=np.float32).reshape(2, 3), np.array([[1, 2]], np.int64),
                   np.array([b"a", b"bc"], dtype=object), np.array([True, False])):

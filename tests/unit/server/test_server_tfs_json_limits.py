@@ -17,7 +17,11 @@ from processor.dtypes import DT_BOOL, DT_DOUBLE, DT_FLOAT, DT_INT32, DT_INT64, D
 from processor.errors import InvalidArgument, PayloadTooLarge, ProcessorError, SignatureNotFound, Unavailable
 from processor.signature import Signature, TensorSpec
 from server.http import body as body_mod
-from server.http import json_stream, memory_budget, tfs_json, tfs_json_encode, tfs_json_inputs, tfs_json_runs
+from server.http import json_stream, memory_budget
+from server.tfserving import rest_json as tfs_json
+from server.tfserving import rest_json_encode as tfs_json_encode
+from server.tfserving import rest_json_inputs as tfs_json_inputs
+from server.tfserving import rest_json_runs as tfs_json_runs
 
 TOY = Signature("serving_default", {"x": TensorSpec("x", "x:0", DT_FLOAT, (-1, 1))}, {})
 MULTI = Signature("serving_default", {
@@ -244,6 +248,54 @@ def test_memory_budget_admits_refuses_and_releases():
         assert budget.used == 400
     assert budget.used == 0 and budget.peak == 800
     assert memory_budget.MemoryBudget(0).hold().need(10 ** 12) is None  # 0: no budget
+
+
+def test_a_large_body_is_parsed_whole_when_the_budget_holds_orjsons_peak():
+    """json_stream.parse_whole: a body over SMALL_BODY streams only when a whole-body decode
+    (WHOLE_FACTOR x the body) would exceed what json_decode_memory_bytes allows now."""
+    whole_factor, factor = memory_budget.WHOLE_FACTOR, memory_budget.FACTOR
+    size = json_stream.SMALL_BODY + 1
+    assert json_stream.parse_whole(json_stream.SMALL_BODY, None)  # small: whole, always
+    assert not json_stream.parse_whole(size, None)  # no request's hold: a run at a time
+    with memory_budget.MemoryBudget(0).hold() as hold:  # no budget: nothing to hold the peak against
+        assert not json_stream.parse_whole(size, hold)
+    budget = memory_budget.MemoryBudget(size * (whole_factor + 4))
+    with budget.hold() as hold:
+        hold.need(size)  # as read_body holds it: 2 x
+        assert json_stream.parse_whole(size, hold)
+        assert hold.held == budget.used == size * whole_factor
+        hold.charge(size)  # its arrays: counted inside the whole-body hold
+        assert budget.used == size * whole_factor
+        hold.charge(size * whole_factor)  # beyond it: charged
+        assert budget.used == size * (factor + 1 + whole_factor)
+    assert budget.used == 0
+    with budget.hold() as other, budget.hold() as hold:  # another request holds the room: runs
+        other.need(3 * size)
+        hold.need(size)
+        assert not json_stream.parse_whole(size, hold) and budget.used == 4 * factor * size
+    alone_over = memory_budget.MemoryBudget(size * whole_factor - 1)
+    with alone_over.hold() as hold:  # its peak alone is over the whole budget: runs, within its 2 x
+        hold.need(size)
+        assert not json_stream.parse_whole(size, hold) and alone_over.used == factor * size
+
+
+def test_a_large_body_parsed_whole_gives_the_arrays_a_run_at_a_time_gives():
+    from server.kserve import rest_json as v2_json
+    from server.tfserving.rest_predict import tfs_inputs
+
+    body = json.dumps({"instances": rows_of(2500)}).encode()
+    assert len(body) > json_stream.SMALL_BODY
+    whole, runs = tfs_inputs(body, whole=True), tfs_inputs(body, whole=False)
+    assert whole.request.doc is None and runs.request.doc is not None  # parsed whole / indexed
+    got, want = whole(MULTI), runs(MULTI)
+    assert got.keys() == want.keys() and whole.format == runs.format == tfs_json.ROW
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
+    v2 = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [60000],
+                                 "data": [0.5] * 60000}]}).encode()
+    assert len(v2) > json_stream.SMALL_BODY
+    assert v2_json.parse(v2, whole=True)["inputs"][0]["data"] == [0.5] * 60000  # a plain list
+    assert not isinstance(v2_json.parse(v2, whole=False)["inputs"][0]["data"], list)  # pieces, a run at a time
 
 
 @pytest.mark.parametrize("runs", [False, True])

@@ -1,7 +1,7 @@
-"""``tensorflow_model_server`` (server/tfs_cli.py, server/tfs_flags.py): TF Serving's flags parsed
+"""``tensorflow_model_server`` (server/tfserving/cli.py, server/tfserving/flags.py): TF Serving's flags parsed
 as TF Serving parses them, each served one mapped onto our deployment, the others refused by name;
-the text-format model config file (server/tfs_model_config.py, also ``python -m server --config``)
-and the flag files (server/tfs_text_protos.py); the console script, the image variant's entry
+the text-format model config file (server/tfserving/model_config.py, also ``python -m server --config``)
+and the flag files (server/tfserving/text_protos.py); the console script, the image variant's entry
 script and Dockerfile. The servers themselves run in tests/e2e/test_tfserving_cli.py."""
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import pytest
 pytest.importorskip("tensorflow_serving", reason="tensorflow-serving-api (server extra) is not installed")
 
 from processor.errors import ConfigError  # noqa: E402
-from server import tfs_cli, tfs_flags  # noqa: E402
-from server.tfs_model_config import model_entries, new_config, read_model_entries  # noqa: E402
+from server.tfserving import cli as tfs_cli  # noqa: E402
+from server.tfserving import flags as tfs_flags  # noqa: E402
+from server.tfserving.model_config import model_entries, new_config, read_model_entries  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -149,7 +150,7 @@ def test_a_single_model_with_tf_servings_defaults():
     assert (dep.grpc_port, dep.http_port, dep.host) == (8500, None, "0.0.0.0")  # REST off, TF Serving's default
     assert dep.http_request_timeout_ms == 30000 and dep.model_config_file_poll_wait_seconds == 0
     assert not dep.allow_version_labels_for_unavailable_models
-    assert dep.enable_profiler  # TF Serving's --enable_profiler default (ours: off, server/grpc/profiler.py)
+    assert dep.enable_profiler  # TF Serving's --enable_profiler default (ours: off, server/tfserving/profiler.py)
     (entry,) = dep.models
     assert entry.name == "default" and entry.config.savedmodel_dir == "/models/m"
     assert entry.config.model_version_policy.describe() == {"latest": {"num_versions": 1}}
@@ -181,7 +182,7 @@ def test_server_flags_map_onto_deployment_keys():
 
 
 def test_grpc_options_take_the_channel_arguments_over_ours():
-    from processor.deployment import DeploymentConfig
+    from server.settings import DeploymentConfig
     from server.grpc.server import grpc_options
 
     dep = DeploymentConfig.from_dict({"models": [{"name": "m", "model_config": {"savedmodel_dir": "/m"}}],
@@ -404,7 +405,7 @@ def test_a_polled_text_file_that_is_malformed_leaves_the_running_set(tmp_path):
 
 
 def test_new_deployment_keys_are_validated():
-    from processor.deployment import DeploymentConfig
+    from server.settings import DeploymentConfig
 
     base = {"models": [{"name": "m", "model_config": {"savedmodel_dir": "/m"}}]}
     for extra, message in [({"grpc_socket_path": "/x.sock", "workers": 2}, "grpc_socket_path: a Unix socket"),
@@ -435,7 +436,7 @@ def test_http_requests_get_the_default_deadline():
 
 def test_console_script_and_its_install():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert project["project"]["scripts"]["tensorflow_model_server"] == "server.tfs_cli:main"
+    assert project["project"]["scripts"]["tensorflow_model_server"] == "server.tfserving.cli:main"
     assert callable(tfs_cli.main)
     assert "pip install --quiet --disable-pip-version-check -e" in (ROOT / "scripts/setup.sh").read_text()
 

@@ -1,4 +1,4 @@
-"""TF Serving's Input read feature by feature into a signature's named inputs (server/tfs_features.py):
+"""TF Serving's Input read feature by feature into a signature's named inputs (server/tfserving/features.py):
 the context's features as one row, TF Serving's merge where examples have them too, refusals."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 
 from processor.errors import InvalidArgument
 from processor.signature import Signature, TensorSpec
-from server.tfs_features import feature_arrays, takes_features
-from server.tfs_messages import messages
+from server.tfserving.features import feature_arrays, takes_features
+from server.tfserving.messages import messages
 
 SIG = Signature("serving_default", {
     "user_seq": TensorSpec("user_seq", "user_seq:0", 9, (-1, 3)),

@@ -1,4 +1,4 @@
-"""``server/tfs_messages.py``: TF Serving's messages from a private pool, without TensorFlow.
+"""``server/tfserving/messages.py``: TF Serving's messages from a private pool, without TensorFlow.
 
 Checked against the real pb2 modules (this process may import TensorFlow): the same files
 (byte-identical FileDescriptorProtos), the same full names, the same bytes for messages built
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from server import tfs_messages
+from server.tfserving import messages as tfs_messages
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -128,7 +128,8 @@ def test_messages_serialize_byte_identically_to_the_pb2_ones(real):
 
 
 def test_building_them_imports_no_tensorflow():
-    code = ("import sys; from server import tfs_messages; m = tfs_messages.messages(); m.PredictRequest();"
+    code = ("import sys; from server.tfserving import messages as tfs_messages; m = tfs_messages.messages(); "
+            "m.PredictRequest();"
             "loaded = sorted(n for n in sys.modules if n.split('.')[0] in ('tensorflow', 'tensorflow_serving'));"
             "print(loaded); sys.exit(1 if loaded else 0)")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -151,7 +152,7 @@ def test_a_missing_package_is_an_import_error_and_a_later_call_tries_again(unbui
 
 
 def test_the_grpc_api_is_disabled_with_a_warning_without_the_package(unbuilt, monkeypatch, caplog):
-    from server.grpc import tfs
+    from server.tfserving import grpc_service as tfs
 
     monkeypatch.setattr(tfs_messages, "_ROOTS", ("no_such_serving_package.apis.predict_pb2",))
     assert tfs.services(rt=None, admin=None) == []

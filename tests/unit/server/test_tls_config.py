@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("cryptography")
 
-from processor.deployment import DeploymentConfig  # noqa: E402
+from server.settings import DeploymentConfig  # noqa: E402
 from processor.errors import ConfigError  # noqa: E402
 from server import tls  # noqa: E402
 from tools.dev_certs import LOCAL_HOSTS, issue, make_ca  # noqa: E402

@@ -11,7 +11,7 @@ import logging
 import pytest
 
 from fakes import FakeStore, fake_manager, fake_models
-from processor.deployment import DeploymentConfig
+from server.settings import DeploymentConfig
 
 
 def runtime(allow: bool, labels: dict[str, int]):
