@@ -3,11 +3,7 @@ packages built around it (the edges, the tools, the demo, the benchmarks, the te
 TensorFlow engine is a package of its own that imports TensorFlow only when a model needs it.
 
 Every module under ``processor/`` is parsed (not imported) and every import it holds counts, at
-module level and inside functions alike: an import deferred into a function still ties the two
-modules together, it only hides the cycle from the interpreter. Relative imports are resolved;
-``from pkg import name`` is an edge to ``pkg.name`` when that is a module, else to ``pkg``. Only
-modules of ``processor`` count, and the edge from a module to its own parent package (which
-Python imports first anyway) is left out.
+module level and inside functions alike (tests/import_graph.py).
 """
 
 from __future__ import annotations
@@ -15,81 +11,18 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import import_graph
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "processor"
 
 
 def _modules() -> dict[str, Path]:
-    """Module name -> file, for every ``.py`` file under ``processor/``."""
-    out = {}
-    for path in sorted((ROOT / PACKAGE).rglob("*.py")):
-        parts = list(path.relative_to(ROOT).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts.pop()
-        out[".".join(parts)] = path
-    return out
-
-
-def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """The modules of ``processor`` that module ``name`` imports, anywhere in its body."""
-    is_package = path.name == "__init__.py"
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = name.split(".")
-                if not is_package:
-                    base = base[:-1]  # a module's ``.`` is its package
-                base = base[:len(base) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
-            for alias in node.names:
-                sub = f"{target}.{alias.name}"
-                found.add(sub if sub in modules else target)
-    edges = set()
-    for target in found:
-        # ``import processor.a.b`` is the module processor.a.b (a name that is no module: its
-        # nearest enclosing module).
-        while target and target not in modules:
-            target = target.rpartition(".")[0]
-        if target and target.split(".")[0] == PACKAGE and target != name:
-            edges.add(target)
-    parents = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
-    return edges - parents
-
-
-def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """One cycle of ``graph`` (its modules in import order, the first repeated last), or None."""
-    WHITE, GREY, BLACK = 0, 1, 2
-    color = dict.fromkeys(graph, WHITE)
-    for start in sorted(graph):
-        if color[start] != WHITE:
-            continue
-        stack = [(start, iter(sorted(graph[start])))]
-        path = [start]
-        color[start] = GREY
-        while stack:
-            node, children = stack[-1]
-            child = next(children, None)
-            if child is None:
-                stack.pop()
-                path.pop()
-                color[node] = BLACK
-            elif color.get(child, BLACK) == GREY:
-                return path[path.index(child):] + [child]
-            elif color.get(child) == WHITE:
-                color[child] = GREY
-                path.append(child)
-                stack.append((child, iter(sorted(graph[child]))))
-    return None
+    return import_graph.modules(PACKAGE)
 
 
 def _graph() -> dict[str, set[str]]:
-    modules = _modules()
-    return {name: _imports(name, path, modules) for name, path in modules.items()}
+    return import_graph.graph(PACKAGE)
 
 
 def test_the_parser_sees_deferred_and_relative_imports():
@@ -103,11 +36,7 @@ def test_the_parser_sees_deferred_and_relative_imports():
 
 
 def test_no_import_cycle_between_processor_modules():
-    graph = _graph()
-    cycles = []
-    while (cycle := _cycle(graph)) is not None:  # report every cycle, not just the first
-        cycles.append(" -> ".join(cycle))
-        graph[cycle[-2]].discard(cycle[-1])  # drop its last edge and look again
+    cycles = import_graph.cycles(_graph())
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
 
@@ -187,7 +116,7 @@ def _in_tf_engine(name: str) -> bool:
 
 def test_the_tensorflow_engine_is_a_package_of_its_own():
     modules = _modules()
-    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    graph = _graph()
     missing = {f"{TF_ENGINE}.{m}" for m in TF_ENGINE_MODULES} - set(modules)
     assert not missing, f"TensorFlow engine modules not under processor/engine/tensorflow/: {sorted(missing)}"
     loose = {name for name, path in modules.items()
