@@ -26,8 +26,16 @@ On a machine of more cores, ``--server-cpus`` and ``--load-cpus`` (``taskset -c`
 the servers (and ``process()``'s threads) and the load generators on cores of their own, with
 ``--load-threads`` threads each; ``--workers N`` runs our server with N worker processes.
 
+``--grpc-server native`` (issue 50) adds the native gRPC server (``grpc_server: "native"``): two
+more servers of the same model with batching on (:data:`NATIVE_BATCHING`, so our Predict takes
+the native direct path), one on the Python gRPC server and one on the native one, loaded at
+batch 1 and 256 (gRPC ours; on the native one TF Serving gRPC and v2 gRPC too, through its
+bridge), and issue 50's targets in the report. ``--grpc-server native-only`` leaves every other
+server and row out (the limit and the gRPC floors stay).
+
     .venv/bin/python -m benchmarks.bench_edges [--seconds 5] [--rounds 3] [--skip-batching] [--out-dir DIR]
         [--server-cpus 0-1 --load-cpus 4-11 --load-threads 4] [--workers 2] [--tag NAME]
+        [--grpc-server python|native|native-only]
 """
 
 from __future__ import annotations
@@ -56,6 +64,12 @@ ROOT = Path(__file__).resolve().parent.parent
 BATCHES = (1, 256)
 HTTP_EDGES = ("HTTP ours", "TF Serving REST JSON", "v2 REST binary", "v2 REST JSON")
 GRPC_EDGES = ("gRPC ours", "TF Serving gRPC", "v2 gRPC")
+# the batching of the native gRPC server's rows (--grpc-server native): no wait for company (a
+# batch runs what is queued as soon as a batch thread is free), room for batch-256 requests
+NATIVE_BATCHING = {"max_batch_size": 1024, "batch_timeout_micros": 0, "num_batch_threads": 2,
+                   "max_enqueued_batches": 1000}
+NATIVE = "ours, batching, gRPC native"
+NATIVE_PYTHON = "ours, batching, gRPC python"
 PROTOBUF = "application/x-protobuf"
 
 
@@ -107,8 +121,8 @@ def answer(edge: str, http: str, grpc_target: str, path: str, body: bytes, heade
             raw = channel.unary_unary(path)(body, metadata=tuple(headers.items()), timeout=60)
         if edge == "gRPC ours":
             return decode_response(raw)["prob"]
-        from server.grpc.tensor_proto import to_numpy
-        from server.tfs_messages import messages
+        from server.tfserving.tensor_proto import to_numpy
+        from server.tfserving.messages import messages
 
         return to_numpy("prob", messages().PredictResponse.FromString(raw).outputs["prob"])
     request = urllib.request.Request(http + path, data=body, headers=headers)
@@ -189,6 +203,7 @@ def bench(args) -> dict:
     requests = {b: bodies(feeds[b]) for b in BATCHES}
     rows: list[dict] = []
 
+    native_only = args.grpc_server == "native-only"
     # the limit: process() in-process, 2 threads
     processor = Processor.create(MODEL, json.dumps(config))
     expected = {}
@@ -216,6 +231,8 @@ def bench(args) -> dict:
                 ("http", "HTTP floor (no hop)", [], "/api/predict/x", "HTTP ours"),
                 ("grpc", "gRPC floor (sync)", [], "/x.Y/Z", "gRPC ours"),
                 ("grpc", "gRPC floor (aio)", ["--aio"], "/x.Y/Z", "gRPC ours")):
+            if native_only and kind == "http":
+                continue
             port = free_port()
             floor = stack.enter_context(Server(native_load.pinned(
                 [sys.executable, "-m", "benchmarks.edge_floors", kind, "--port", str(port), "--body-bytes",
@@ -223,17 +240,21 @@ def bench(args) -> dict:
             floor.wait_line("READY")
             plan.append(("floor", name, 1, floor.proc, port, path, requests[1][edge][1],
                          {"Content-Type": PROTOBUF} if kind == "http" else {}))
-        for label, keys, edges, batches in (("ours", {}, HTTP_EDGES + GRPC_EDGES, BATCHES),
-                                            # without its access log's successful lines (written off
-                                            # the request's thread, but on 2 cores the writer's CPU
-                                            # is the requests' CPU too)
-                                            ("ours, access_log false", {"access_log": False},
-                                             ("HTTP ours", "gRPC ours"), (1,))):
+        servers = [] if native_only else [
+            ("ours", config, {}, HTTP_EDGES + GRPC_EDGES, BATCHES),
+            # without its access log's successful lines (written off the request's thread, but on
+            # 2 cores the writer's CPU is the requests' CPU too)
+            ("ours, access_log false", config, {"access_log": False}, ("HTTP ours", "gRPC ours"), (1,))]
+        if args.grpc_server != "python":  # issue 50: our Predict on the native direct path
+            batching = {**config, "batching": NATIVE_BATCHING}
+            servers += [(NATIVE_PYTHON, batching, {"grpc_server": "python"}, ("gRPC ours",), BATCHES),
+                        (NATIVE, batching, {"grpc_server": "native"}, GRPC_EDGES, BATCHES)]
+        for label, model_config_, keys, edges, batches in servers:
             http_port, grpc_port = free_port(), free_port()
             if args.workers > 1:
                 keys = {**keys, "workers": args.workers}
-            server = stack.enter_context(our_server(work, [{"name": MODEL, "model_config": config}], http_port,
-                                                    grpc_port, args.server_cpus, **keys))
+            server = stack.enter_context(our_server(work, [{"name": MODEL, "model_config": model_config_}],
+                                                    http_port, grpc_port, args.server_cpus, **keys))
             http, target = f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}"
             for b in batches:
                 for edge in edges:
@@ -254,7 +275,7 @@ def bench(args) -> dict:
                 print(f"round {round_} {label} {edge} batch {b}: {r['req_per_s']:.0f}/s p99 {r['p99_ms']:.1f} ms, "
                       f"{r['cpu_us_per_request']:.0f} us/req, errors {r['errors']}", flush=True)
 
-    if not args.skip_batching:
+    if not args.skip_batching and not native_only:
         rows.extend(edge_batching(work, args.seconds, args.rounds))
     return {"machine": machine(), "seconds": args.seconds, "rounds": args.rounds, "rows": rows,
             "placement": placement(args)}
@@ -372,24 +393,39 @@ def report(result: dict) -> str:
 
     limit = {b: find("process() in-process", "process()", b) for b in BATCHES}
     http1 = find("ours", "HTTP ours", 1)
-    target("batch 1: HTTP ours / process() (2 threads)", ratio(http1, limit[1]), 0.5)
-    target("batch 1: HTTP ours server CPU us/request", http1 and median(http1, "cpu_us_per_request"), 120, more=False)
-    quiet = find("ours, access_log false", "HTTP ours", 1)
-    target("batch 1: the same, access_log false", quiet and median(quiet, "cpu_us_per_request"), 120, more=False)
-    target("batch 1: gRPC ours / bare grpcio floor (sync)", ratio(find("ours", "gRPC ours", 1),
-                                                                   find("floor", "gRPC floor (sync)", 1)), 0.8)
-    for edge in ("HTTP ours", "gRPC ours"):
-        target(f"batch 256: {edge} / process()", ratio(find("ours", edge, 256), limit[256]), 0.85)
-    for edge, base, bound in (("TF Serving REST JSON", "HTTP ours", 0.5), ("v2 REST JSON", "HTTP ours", 0.5),
-                              ("v2 REST binary", "HTTP ours", 0.7), ("TF Serving gRPC", "gRPC ours", 0.7),
-                              ("v2 gRPC", "gRPC ours", 0.7)):
-        target(f"batch 1: {edge} / {base}", ratio(find("ours", edge, 1), find("ours", base, 1)), bound)
-    on = find("ours (demo, TensorFlow)", "HTTP ours, batching on", 1)
-    off = find("ours (demo, TensorFlow)", "HTTP ours, batching off", 1)
-    if on and off:
-        target("demo TF, 64 connections: batching on / off req/s", ratio(on, off), 2.0)
-        target("demo TF, 64 connections: p99 on / off", ratio(on, off, "p99_ms"), 1.0, more=False)
-    lines += ["", "| target (issue 23) | measured | bound | |", "|---|---:|---:|---|", *targets]
+    if http1:  # issue 23's targets (left out with --grpc-server native-only)
+        target("batch 1: HTTP ours / process() (2 threads)", ratio(http1, limit[1]), 0.5)
+        target("batch 1: HTTP ours server CPU us/request", http1 and median(http1, "cpu_us_per_request"), 120, more=False)
+        quiet = find("ours, access_log false", "HTTP ours", 1)
+        target("batch 1: the same, access_log false", quiet and median(quiet, "cpu_us_per_request"), 120, more=False)
+        target("batch 1: gRPC ours / bare grpcio floor (sync)", ratio(find("ours", "gRPC ours", 1),
+                                                                       find("floor", "gRPC floor (sync)", 1)), 0.8)
+        for edge in ("HTTP ours", "gRPC ours"):
+            target(f"batch 256: {edge} / process()", ratio(find("ours", edge, 256), limit[256]), 0.85)
+        for edge, base, bound in (("TF Serving REST JSON", "HTTP ours", 0.5), ("v2 REST JSON", "HTTP ours", 0.5),
+                                  ("v2 REST binary", "HTTP ours", 0.7), ("TF Serving gRPC", "gRPC ours", 0.7),
+                                  ("v2 gRPC", "gRPC ours", 0.7)):
+            target(f"batch 1: {edge} / {base}", ratio(find("ours", edge, 1), find("ours", base, 1)), bound)
+        on = find("ours (demo, TensorFlow)", "HTTP ours, batching on", 1)
+        off = find("ours (demo, TensorFlow)", "HTTP ours, batching off", 1)
+        if on and off:
+            target("demo TF, 64 connections: batching on / off req/s", ratio(on, off), 2.0)
+            target("demo TF, 64 connections: p99 on / off", ratio(on, off, "p99_ms"), 1.0, more=False)
+    if targets:
+        lines += ["", "| target (issue 23) | measured | bound | |", "|---|---:|---:|---|", *targets]
+    native1 = find(NATIVE, "gRPC ours", 1)
+    if native1:  # issue 50's targets (--grpc-server native)
+        targets.clear()
+        target("batch 1: native gRPC server CPU us/request", median(native1, "cpu_us_per_request"), 60, more=False)
+        target("batch 1: native gRPC ours / bare grpcio floor (sync)",
+               ratio(native1, find("floor", "gRPC floor (sync)", 1)), 2.0)
+        target("batch 1: native / Python gRPC server (both batching)",
+               ratio(native1, find(NATIVE_PYTHON, "gRPC ours", 1)), 1.0)
+        target("batch 256: native gRPC ours / process()", ratio(find(NATIVE, "gRPC ours", 256), limit[256]), 0.85)
+        for edge in ("TF Serving gRPC", "v2 gRPC"):
+            target(f"batch 256: native {edge} / native gRPC ours",
+                   ratio(find(NATIVE, edge, 256), find(NATIVE, "gRPC ours", 256)), 0.9)
+        lines += ["", "| target (issue 50) | measured | bound | |", "|---|---:|---:|---|", *targets]
     return "\n".join(lines)
 
 
@@ -404,6 +440,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load-threads", type=int, default=2, help="threads of each load generator")
     parser.add_argument("--workers", type=int, default=1, help="worker processes of our server")
     parser.add_argument("--tag", help="write edges-TAG.json/.md")
+    parser.add_argument("--grpc-server", choices=("python", "native", "native-only"), default="python",
+                        help="native: add the native gRPC server's rows (issue 50); native-only: only those, "
+                             "the limit and the gRPC floors")
     args = parser.parse_args(argv)
     result = bench(args)
     write_results(f"edges-{args.tag}" if args.tag else "edges", result, report(result), args.out_dir)

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds the native parts with cmake:
-#   native/         -> processor/_native.*.so, the request path's codec (nanobind extension)
+#   native/         -> processor/_native.*.so, the request path's codec (nanobind extension), and
+#                      server/grpc/_native_grpc.*.so, the native gRPC server (issue 50; only with gRPC's
+#                      C++ library, Debian's libgrpc++-dev: without it grpc_server "python" serves gRPC)
 #   cpp_processor/  -> cpp_processor/build/ (libserving_processor.so, the example host processor_host)
 # Needs gcc/g++, cmake, nanobind and numpy in the environment, and for the C ABI a
 # shared-libpython Python. Fast when nothing changed (an incremental make); safe to run
@@ -31,7 +33,16 @@ jobs=$(nproc 2>/dev/null || echo 2)
 tag=$("$py" -c 'import sys; print("%s%d%d" % (sys.implementation.name, *sys.version_info[:2]))')
 ext_build=native/build/$tag
 mkdir -p "$ext_build"
+# The native gRPC server needs gRPC's C++ library (pkg-config grpc++); a tree configured before it
+# was installed is configured again so that it builds it.
+grpc=0
+pkg-config --exists --maximum-traverse-depth=1 grpc++ 2>/dev/null && grpc=1  # depth 1: 2 ms, not 2 s
 if ! (exec 8>"$ext_build/.build.lock"; flock 8
+      if [ -f "$ext_build/CMakeCache.txt" ] && [ $grpc = 1 ] \
+          && ! grep -q "^SP_GRPCPP_FOUND:INTERNAL=1" "$ext_build/CMakeCache.txt"; then
+        cmake -S native -B "$ext_build" >"$ext_build/configure.log" 2>&1 \
+          || { cat "$ext_build/configure.log" >&2; exit 1; }
+      fi
       if [ ! -f "$ext_build/CMakeCache.txt" ]; then
         cmake -S native -B "$ext_build" -DPython_EXECUTABLE="$py" -DCMAKE_BUILD_TYPE="$build_type" \
           >"$ext_build/configure.log" 2>&1 || { cat "$ext_build/configure.log" >&2; exit 1; }
@@ -42,6 +53,13 @@ if ! (exec 8>"$ext_build/.build.lock"; flock 8
 fi
 grep -i "warning" "$ext_build/build.log" | grep -v nanobind >&2 || true
 echo "[build_native] processor/_native ($tag)"
+if [ $grpc = 1 ]; then
+  echo "[build_native] server/grpc/_native_grpc ($tag, gRPC $(pkg-config --modversion --maximum-traverse-depth=1 grpc++))"
+else
+  echo "[build_native] gRPC's C++ library is not installed (pkg-config grpc++): the native gRPC server," \
+       "server/grpc/_native_grpc, is not built and grpc_server \"native\" is unavailable (grpc_server" \
+       "\"python\" serves gRPC). Install it with scripts/setup.sh as root, or apt-get install libgrpc++-dev" >&2
+fi
 [ "${SP_NATIVE_ONLY:-0}" = 1 ] && exit 0
 
 mkdir -p "$build"

@@ -10,12 +10,15 @@ cd "$(dirname "$0")/.."
 py=${SP_PYTHON:-$(command -v python3.11 || command -v python3)}
 extras=${SP_EXTRAS:-cpu,server,dev}
 
-# System packages from Debian: the native build's toolchain, and redis-server + redis-cli (the
-# Redis feature store's tests and benchmarks start their own servers).
+# System packages from Debian: the native build's toolchain, redis-server + redis-cli (the
+# Redis feature store's tests and benchmarks start their own servers), and gRPC's C++ library
+# (libgrpc++-dev and pkg-config: the native gRPC server, grpc_server "native"; without it the build
+# skips that server and grpc_server "python" serves gRPC).
 missing=()
-for tool in cmake:cmake g++:g++ make:make redis-server:redis-server redis-cli:redis-tools; do
+for tool in cmake:cmake g++:g++ make:make redis-server:redis-server redis-cli:redis-tools pkg-config:pkg-config; do
   command -v "${tool%%:*}" >/dev/null 2>&1 || missing+=("${tool##*:}")
 done
+pkg-config --exists --maximum-traverse-depth=1 grpc++ 2>/dev/null || missing+=(libgrpc++-dev)
 # The benchmarks' native load generators (benchmarks/native_load.py): wrk (HTTP/1.1) and h2load
 # (gRPC over h2c). Not needed by the server or the tests: installed alongside when apt-get runs.
 optional=()

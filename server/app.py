@@ -78,6 +78,11 @@ class ServingApp:
             from .tls import TlsCertificates
 
             self.tls = TlsCertificates(deployment)
+        if deployment.grpc_server == "native" and (deployment.grpc_port is not None
+                                                   or deployment.grpc_socket_path is not None):
+            from .grpc.native_server import native_module
+
+            native_module()  # ConfigError naming grpc_server when the native server is not built
         self._grpc = None
         self._health = None
         self._uvicorns: list = []
@@ -122,7 +127,10 @@ class ServingApp:
             if self.runtime.admin_journal is not None:  # serve what the other workers serve
                 await loop.run_in_executor(None, self.runtime.admin_journal.start)
         if dep.grpc_port is not None or dep.grpc_socket_path is not None:
-            from .grpc.server import create_grpc_server
+            if dep.grpc_server == "native":  # gRPC's C++ library (server/grpc/native_server.py)
+                from .grpc.native_server import create_native_grpc_server as create_grpc_server
+            else:
+                from .grpc.server import create_grpc_server
 
             self._grpc, self.grpc_port, self._health = create_grpc_server(
                 self.runtime, dep.host, dep.grpc_port, self._grpc_credentials(), self.protocols)
@@ -168,6 +176,8 @@ class ServingApp:
         object per listener: each keeps its own state of the certificate reloads)."""
         if not self.deployment.grpc_tls_on:
             return None
+        if self.deployment.grpc_server == "native":  # it reads the checked material (and its reloads)
+            return self.tls
         from .tls import grpc_server_credentials
 
         return grpc_server_credentials(self.tls)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -83,3 +84,30 @@ def versions_answered(responses: Sequence[np.ndarray], references: Sequence[np.n
         assert match, "a response equals no published version: it mixed versions"
         answered.add(match[0])
     return answered
+
+
+@contextlib.contextmanager
+def native_grpc_servers():
+    """Within the block, every ``ServerProcess`` started serves gRPC with the native server
+    (``grpc_server: "native"``, issue 50): for a module of server tests run again against it
+    (a module-scoped autouse fixture, set up before the module's ``server`` fixture)."""
+    import pytest
+
+    from tools.server_process import ServerProcess
+
+    patch = pytest.MonkeyPatch()
+    start = ServerProcess.start
+
+    def native_start(self, *args, **kwargs):
+        self.deployment = {**self.deployment, "grpc_server": "native"}
+        return start(self, *args, **kwargs)
+    patch.setattr(ServerProcess, "start", native_start)
+    try:
+        yield
+    finally:
+        patch.undo()
+
+
+def assert_served_natively(server) -> None:
+    """The server's log says the native gRPC server served its gRPC port."""
+    assert '"native gRPC server (gRPC ' in server.log(), server.log()[-2000:]

@@ -1,0 +1,251 @@
+// grpc_server.h -- the native gRPC server (issue 50): gRPC's C++ library serving the gRPC port,
+// our ProcessorService/Predict answered on the direct path with no Python and no GIL, every other
+// call handed to the Python handlers through one generic bridge.
+//
+// Server: a grpc::Server with one CallbackGenericService (raw ByteBuffers, no generated stubs).
+// Each call gets a Reactor; once its request message has arrived it is either
+//   * served on the direct path: `/tensorflow.eas.ProcessorService/Predict` to a model Python has
+//     published a Route for (a batching model whose plan is plain: native/src/direct_front.h),
+//     naming no version or label, with no deadline (direct_api.h's serve() takes none: Python hands
+//     a deadline to the queue, which drops a call whose deadline passed before its batch ran),
+//     while the server is not draining: a DirectPool thread queues the request bytes on the
+//     model's batching queue through the C table of direct_api.h and waits for its batch (the
+//     table's serve() blocks; reactions must not), then the answer goes back with
+//     `x-model-version` (initial metadata) and `x-request-id` (trailing). Anything the direct path
+//     does not take (serve() answers 0) continues on the bridge, so Python answers it exactly,
+//     its errors included;
+//   * or bridged: a BridgeCall is posted on the event queue (an eventfd tells Python's event loop)
+//     and Python answers it with BridgeCall::finish (unary) or write() then finish() (server
+//     streaming: the health service's Watch).
+// The server counts what it answered itself per (model, version) (RouteStats: count, latency
+// histogram on Python's buckets) and, when asked, keeps an access record per answer; Python folds
+// both into its metrics and access log.
+//
+// Nothing here includes Python.h: the bindings (module.cc) own every Python object; a Route's
+// `owner` (the capsule that keeps the DirectFront alive) is released through its `release`,
+// which the bindings set (they decref it under the GIL later).
+//
+// Thread-safety: every public method may be called from any thread unless it says otherwise.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "../src/direct_api.h"
+
+namespace spg {
+
+using Metadata = std::vector<std::pair<std::string, std::string>>;
+
+// A channel argument of the server (server/grpc/server.py grpc_options: ints and strings).
+struct ChannelArg {
+  std::string key;
+  bool is_int = true;
+  long long int_value = 0;
+  std::string str_value;
+};
+
+struct Options {
+  std::vector<ChannelArg> channel_args;
+  int max_concurrent_rpcs = 1000;      // beyond: RESOURCE_EXHAUSTED, as grpcio's server
+  int max_direct_threads = 256;        // DirectPool: threads waiting for batches, at most
+  std::vector<double> latency_buckets; // upper bounds (seconds) of the latency histogram
+};
+
+// What one (model, version) answered on the direct path, since the last fold.
+struct RouteStats {
+  RouteStats(std::string m, std::string l, size_t buckets)
+      : model(std::move(m)), label(std::move(l)), counts(buckets + 1) {}
+  const std::string model, label;
+  std::atomic<uint64_t> count{0}, sum_ns{0};
+  std::vector<std::atomic<uint64_t>> counts;  // per bucket (not cumulative); the last: +Inf
+};
+
+// One model's direct path as Python published it: a DirectFront (borrowed; `owner` keeps it
+// alive) and the version its lane serves.
+struct Route {
+  void* front = nullptr;
+  std::string version;  // x-model-version
+  std::shared_ptr<RouteStats> stats;
+  void* owner = nullptr;
+  std::function<void(void*)> release;
+  ~Route() {
+    if (owner != nullptr && release) release(owner);
+  }
+};
+
+struct AccessRecord {
+  std::shared_ptr<RouteStats> stats;  // model and version label
+  double seconds;
+  std::string request_id;
+};
+
+class Reactor;
+class Server;
+
+// gRPC's version string ("1.51.1").
+const char* grpc_version();
+
+// One call handed to Python (see the file comment). Python's actions on it (write, finish,
+// auth_context) come from its event loop's thread only, under the GIL (never concurrently), and
+// are refused (false / empty) once finish() was called: the reactor lives until its Finish.
+class BridgeCall {
+ public:
+  BridgeCall(uint64_t id, Reactor* reactor) : id(id), reactor_(reactor) {}
+  const uint64_t id;
+  std::string method, peer, request;
+  Metadata metadata;
+  double deadline_remaining = -1;  // seconds left when handed over; < 0: no deadline
+
+  // One message of a server-streaming answer (initial metadata first, once); an event
+  // (kWriteDone) follows when it was sent or failed. False: the call is finished.
+  bool write(std::string data, const Metadata& initial);
+  // The status, the response (unary: `has_response`), the metadata. False: finished already.
+  bool finish(int code, const std::string& details, bool has_response, std::string response,
+              const Metadata& initial, const Metadata& trailing);
+  // The peer's authentication properties (TLS: x509_common_name, ...); empty when none.
+  std::vector<std::pair<std::string, std::vector<std::string>>> auth_context();
+  bool finished() const { return finished_.load(std::memory_order_acquire); }
+
+ private:
+  Reactor* const reactor_;
+  std::atomic<bool> finished_{false};
+};
+
+struct Event {
+  enum Kind { kNew = 0, kWriteDone = 1, kCancel = 2 };
+  Kind kind;
+  uint64_t id;
+  std::shared_ptr<BridgeCall> call;  // kNew
+  bool ok = true;
+};
+
+// Threads that run direct calls (each blocks until its batch ran), made as needed.
+class DirectPool {
+ public:
+  explicit DirectPool(int max_threads) : max_(max_threads) {}
+  ~DirectPool() { stop(); }
+  void submit(std::function<void()> job);
+  void stop();
+  int threads() const;
+
+ private:
+  void run();
+  mutable std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<std::function<void()>> jobs_;
+  std::vector<std::thread> threads_;
+  int idle_ = 0;
+  const int max_;
+  bool stopping_ = false;
+};
+
+struct Tls {
+  std::string key, cert_chain, client_ca;
+  bool require_client_cert = false;
+};
+
+class Server {
+ public:
+  explicit Server(Options options);
+  ~Server();
+
+  // Before start(): listen on `address` ("host:port", "[::1]:port", "unix:/path"), TLS with
+  // `tls` (its material replaced later by set_tls), else plaintext; the bound port (0: failed).
+  int add_port(const std::string& address, const Tls* tls);
+  // Start serving; false (and `error`) when gRPC could not start.
+  bool start(std::string& error);
+  // After start(): the port the i-th add_port bound (0: none).
+  int bound_port(size_t i) const;
+  // Stop accepting calls, give those in progress until `grace_seconds` (then cancel them),
+  // stop the direct threads. Blocks until every call is done: bridged ones finish through Python
+  // (cancelled at the grace's end); any Python has not finished kShutdownSlack later (its loop
+  // gone, a handler ignoring its cancellation) is finished here, UNAVAILABLE. Idempotent.
+  void shutdown(double grace_seconds);
+  static constexpr double kShutdownSlack = 2.0;
+
+  // New TLS material for new handshakes (the reload of server/tls.py).
+  void set_tls(const Tls& tls);
+  // The direct path's table (direct_api.h); null: no direct path.
+  void set_direct_api(const sp_direct_api* api) { api_.store(api, std::memory_order_release); }
+  // Model `model`'s route (null: none, its calls are bridged).
+  void set_route(const std::string& model, std::shared_ptr<Route> route);
+  // The model a Predict naming none runs on ("": none; Python's rule: the one model served).
+  void set_sole_model(const std::string& model);
+  void set_draining(bool draining) { draining_.store(draining, std::memory_order_release); }
+  void set_access_log(bool on) { access_log_.store(on, std::memory_order_release); }
+  // The stats object of (model, label): made once, kept (folded by Python).
+  std::shared_ptr<RouteStats> stats_of(const std::string& model, const std::string& label);
+  std::vector<std::shared_ptr<RouteStats>> all_stats();
+  std::vector<AccessRecord> take_access_records();
+
+  int event_fd() const { return event_fd_; }
+  // Every event posted since the last call (read the eventfd first).
+  std::vector<Event> take_events();
+  // Wait (up to `seconds`) until no call is on the direct path any more; false: some still are.
+  // Call it once draining: no new call takes the direct path then.
+  bool wait_direct_idle(double seconds);
+  int64_t direct_served() const { return direct_served_.load(std::memory_order_relaxed); }
+  int64_t bridged() const { return bridged_.load(std::memory_order_relaxed); }
+  int direct_threads() const { return pool_.threads(); }
+
+  // --- for the reactors --------------------------------------------------------------------
+  void post(Event event);
+  bool enter_call();  // false: over max_concurrent_rpcs
+  void exit_call() { active_.fetch_sub(1, std::memory_order_relaxed); }
+  bool enter_direct();  // false: draining (the call is bridged, where the drain gate answers it)
+  void exit_direct();
+  std::shared_ptr<Route> route_for(const std::string& model);
+  const sp_direct_api* direct_api() const { return api_.load(std::memory_order_acquire); }
+  bool draining() const { return draining_.load(std::memory_order_acquire); }
+  bool access_log() const { return access_log_.load(std::memory_order_acquire); }
+  uint64_t next_call_id() { return next_id_.fetch_add(1, std::memory_order_relaxed); }
+  std::string new_request_id();
+  void record(const std::shared_ptr<RouteStats>& stats, std::chrono::steady_clock::duration took,
+              std::string request_id);
+  DirectPool& pool() { return pool_; }
+  void count_direct() { direct_served_.fetch_add(1, std::memory_order_relaxed); }
+  void count_bridged() { bridged_.fetch_add(1, std::memory_order_relaxed); }
+  void add_bridged(const std::shared_ptr<BridgeCall>& call);
+  void remove_bridged(uint64_t id);
+
+  struct Impl;  // gRPC's objects (grpc_server.cc)
+
+ private:
+  Options options_;
+  std::unique_ptr<Impl> impl_;
+  DirectPool pool_;
+  std::atomic<const sp_direct_api*> api_{nullptr};
+  std::mutex routes_mutex_;
+  std::unordered_map<std::string, std::shared_ptr<Route>> routes_;
+  std::string sole_model_;
+  std::mutex stats_mutex_;
+  std::unordered_map<std::string, std::shared_ptr<RouteStats>> stats_;
+  std::mutex access_mutex_;
+  std::vector<AccessRecord> access_;
+  std::mutex live_mutex_;  // the bridged calls not done yet (shutdown's last resort)
+  std::unordered_map<uint64_t, std::weak_ptr<BridgeCall>> live_;
+  std::mutex events_mutex_;
+  std::vector<Event> events_;
+  int event_fd_ = -1;
+  std::atomic<bool> draining_{false}, access_log_{false}, stopped_{false};
+  std::atomic<int> active_{0}, direct_inflight_{0};
+  std::mutex idle_mutex_;
+  std::condition_variable idle_;
+  std::atomic<uint64_t> next_id_{1}, next_rid_{0};
+  std::atomic<int64_t> direct_served_{0}, bridged_{0};
+  uint32_t rid_prefix_ = 0;
+};
+
+}  // namespace spg

@@ -1,0 +1,550 @@
+"""The native gRPC server (issue 50, ``grpc_server: "native"``): gRPC's C++ library serves the
+gRPC port; our ``tensorflow.eas.ProcessorService/Predict`` runs on the direct path with no Python
+and no GIL where it can, and every other call reaches the same Python handlers as on the Python
+server through one generic bridge.
+
+The native part is ``server.grpc._native_grpc`` (``native/grpc_server/``, built by
+scripts/build_native.sh when gRPC's C++ library, Debian's ``libgrpc++-dev``, is installed). Its
+server runs one ``CallbackGenericService``: raw request bytes, no generated stubs. For each call:
+
+* **The direct path**: our Predict to a model that batches on the native engine and whose plan is
+  plain (:attr:`~processor.dataplane.plan.Plan.plain`: no timeline, prediction log, shadow or
+  traffic split), naming no version or label (``x-model-version`` / ``x-model-label``), with a
+  request that is not the empty introspection ping and **no deadline** (the direct path's C table
+  takes none yet; Python hands a call's deadline to the queue, which drops the call unrun once it
+  passed), while the server is not draining and OpenTelemetry tracing is off: a native thread
+  queues the request bytes on the model's default version's batching queue through the C table
+  the C ABI's shim uses (``native/src/direct_api.h``) and waits for its batch; the answer goes back with ``x-model-version`` (initial metadata) and
+  ``x-request-id`` (trailing; the client's when sane, else a new one). :class:`DirectRoutes`
+  publishes each model's route, one ``DirectFront`` per published default version (so the version
+  an answer names is the one that ran it), following the DataPlane's plans. Whatever the direct
+  path does not take (a full queue, a lane closed for an update, a request the queue hands back)
+  continues on the bridge, so Python answers it exactly, errors included.
+* **The bridge**: everything else (our Predict otherwise, TF Serving's PredictionService and
+  ModelService, KServe v2, the health service, TensorFlow's profiler forward): the call's bytes,
+  metadata, peer and deadline are posted to this server's event loop (an eventfd), which runs the
+  method's handler exactly as the Python server does: through the same
+  :class:`~server.grpc.interceptor.EdgeInterceptor` (request id, parsing, drain gate, metrics,
+  access log, the one error mapping), with a :class:`NativeContext` for ``grpc.aio``'s
+  ``ServicerContext``. Unary-unary and unary-stream methods (the health service's ``Watch``) are
+  served; a method whose requests stream (none is registered today) is UNIMPLEMENTED, saying so.
+
+What the direct path answered is counted natively and folded into the server's metrics (the same
+``sp_requests`` / ``sp_request_latency_seconds`` series, protocol ``grpc``, api ``predict``) and
+access log every :data:`FOLD_SECONDS`; the in-flight gauge counts bridged calls only.
+
+Limits as on the Python server (:func:`~server.grpc.server.grpc_options`: message and metadata
+sizes, streams per connection, ``SO_REUSEPORT`` with workers, the deployment's
+``grpc_channel_arguments``), ``grpc_max_concurrent_rpcs`` (RESOURCE_EXHAUSTED beyond it), TLS and
+mTLS through gRPC's SSL server credentials with a certificate fetcher (new handshakes get the
+material server/tls.py reloads). Not yet: ``max_connections`` (gRPC 1.51 has no such argument).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import socket
+import threading
+import time
+from collections.abc import Coroutine, Sequence
+from typing import Any
+
+import grpc
+
+from processor.echo import shorten
+from processor.errors import ConfigError
+from processor.request import version_number
+
+from ..protocols import Protocol
+from ..runtime import ServingRuntime
+from .interceptor import EdgeInterceptor, Method
+from .server import Health, _grpc_host, _new_loop, grpc_options, services
+
+log = logging.getLogger("server.grpc")
+
+KEY = "grpc_server"
+FOLD_SECONDS = 0.5  # the direct path's counts into the metrics and access log, new models followed
+MAX_DIRECT_THREADS = 256  # native threads waiting for their batch at most (more calls wait their turn)
+_OK = grpc.StatusCode.OK
+_STREAMING_REQUESTS = ("streaming requests are not served by the native gRPC server (grpc_server: "
+                       "\"native\"); grpc_server: \"python\" serves them")
+
+
+def native_module() -> Any:
+    """``server.grpc._native_grpc``; ConfigError naming the key when it is not built."""
+    try:
+        from . import _native_grpc
+    except ImportError as exc:
+        raise ConfigError(
+            f'{KEY}: "native" needs the native gRPC server, server/grpc/_native_grpc, which is not built '
+            f"for this Python ({exc}); install gRPC's C++ library (Debian: apt-get install libgrpc++-dev; "
+            f'scripts/setup.sh does) and run scripts/build_native.sh, or set {KEY}: "python"') from None
+    return _native_grpc
+
+
+class HandlerSet:
+    """What ``grpc.aio.Server`` offers the code that registers services (``add_generic_rpc_handlers``,
+    ``add_registered_method_handlers``: the generated ``add_*_to_server`` functions), kept for
+    the bridge to look a method's handler up in."""
+
+    def __init__(self) -> None:
+        self._generic: list[grpc.GenericRpcHandler] = []
+        self._registered: dict[str, grpc.RpcMethodHandler] = {}
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+        self._generic.extend(handlers)
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        for name, handler in handlers.items():
+            self._registered[f"/{service}/{name}"] = handler
+
+    def find(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        handler = self._registered.get(details.method)
+        if handler is not None:
+            return handler
+        for generic in self._generic:
+            handler = generic.service(details)
+            if handler is not None:
+                return handler
+        return None
+
+
+class _Details(grpc.HandlerCallDetails):
+    def __init__(self, method: str) -> None:
+        self.method = method
+        self.invocation_metadata = ()
+
+
+class _Aborted(Exception):
+    """``context.abort``: the call ends with the status set on its context."""
+
+
+class NativeContext:
+    """The ``grpc.aio.ServicerContext`` of one bridged call: what the handlers and the interceptor
+    use (metadata, deadline, status, initial and trailing metadata, peer, auth context, abort,
+    write). Used on the server's event loop only."""
+
+    __slots__ = ("call", "_deadline", "_code", "_details", "_initial", "_trailing", "_write_done", "_serializer",
+                 "task", "_cancelled", "_loop")
+
+    def __init__(self, call: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self.call = call
+        remaining = call.deadline_remaining
+        self._deadline = None if remaining is None else loop.time() + remaining
+        self._loop = loop
+        self._code = _OK
+        self._details = ""
+        self._initial: Any = None
+        self._trailing: Any = None
+        self._write_done: asyncio.Future | None = None
+        self._serializer = None
+        self.task: asyncio.Task | None = None
+        self._cancelled = False
+
+    def invocation_metadata(self) -> tuple:
+        return self.call.metadata
+
+    def time_remaining(self) -> float | None:
+        """Seconds left before the call's deadline; None when the client set none."""
+        return None if self._deadline is None else max(0.0, self._deadline - self._loop.time())
+
+    def set_code(self, code: grpc.StatusCode) -> None:
+        self._code = code
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def set_details(self, details: str) -> None:
+        self._details = details
+
+    def details(self) -> str:
+        return self._details
+
+    def set_trailing_metadata(self, metadata) -> None:
+        self._trailing = tuple(metadata)
+
+    def trailing_metadata(self) -> tuple:
+        return self._trailing or ()
+
+    async def send_initial_metadata(self, metadata) -> None:
+        """Sent with the answer's first message (or its status)."""
+        self._initial = tuple(metadata)
+
+    def peer(self) -> str:
+        return self.call.peer
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return self.call.auth_context()
+
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def done(self) -> bool:
+        return self.call.finished
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata=()) -> None:
+        if code == _OK:
+            raise ValueError("abort() with an OK status")
+        self._code, self._details = code, details
+        if trailing_metadata:
+            self._trailing = tuple(trailing_metadata)
+        raise _Aborted()
+
+    async def write(self, message) -> None:
+        """One message of a server-streaming answer; returns once gRPC has sent it."""
+        if self._cancelled:
+            raise asyncio.CancelledError()
+        data = self._serializer(message) if self._serializer is not None else message
+        self._write_done = self._loop.create_future()
+        if not self.call.write(data, self._initial):
+            self._write_done = None
+            return
+        self._initial = None
+        await self._write_done
+
+    def _wrote(self, ok: bool) -> None:
+        waiter, self._write_done = self._write_done, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(ok)
+
+    def _cancel(self) -> None:
+        self._cancelled = True
+        if self.task is not None:
+            self.task.cancel()
+
+
+class NativeGrpcServer:
+    """The native server, driven like :class:`~server.grpc.server.GrpcServer` (``add_port``,
+    ``add_unix_socket``, ``start``, ``stop``, ``run``, ``submit``, ``loop``; ``server``: where
+    services register, for the health service); its bridge runs on an event loop of its own
+    thread. See the module doc."""
+
+    def __init__(self, rt: ServingRuntime, protocols: Sequence[Protocol]) -> None:
+        native = native_module()
+        dep = rt.deployment
+        self.rt = rt
+        self.native = native.Server(list(grpc_options(dep)), dep.grpc_max_concurrent_rpcs,
+                                    [float(b) for b in rt.metrics.latency._upper_bounds[:-1]], MAX_DIRECT_THREADS)
+        self._mod = native
+        self.loop = _new_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="sp-grpc", daemon=True)
+        self._thread.start()
+        rt.cpu_meter.watch(self._thread.native_id)
+        ours = services(rt, protocols)
+        raw = [handler for protocol in protocols if protocol.grpc_raw is not None for handler in protocol.grpc_raw(rt)]
+        methods: dict[str, Method] = {}
+        for service in ours:
+            methods.update(service.methods())
+        self.server = HandlerSet()
+        self.server.add_generic_rpc_handlers([*(service.generic_handler() for service in ours), *raw])
+        self._interceptor = EdgeInterceptor(rt, methods)
+        self._handlers: dict[str, tuple | None] = {}  # per method: (handler, is_async) or None
+        self._calls: dict[int, NativeContext] = {}
+        self._listeners: list[str] = []
+        self._tls_followed = False
+        self._started = False
+        self._fold_task: concurrent.futures.Future | None = None
+        self.draining_since: float | None = None  # time.monotonic() when the drain began
+        self.routes = DirectRoutes(rt, self.native)
+        self.native.set_access_log(bool(dep.access_log and dep.access_log_sample_rate > 0))
+        self.run(self._watch())
+
+    async def _watch(self) -> None:
+        self.loop.add_reader(self.native.event_fd, self._on_events)
+
+    # --- like GrpcServer ------------------------------------------------------------------------
+
+    def submit(self, coro: Coroutine) -> concurrent.futures.Future:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine, timeout: float | None = None) -> Any:
+        return self.submit(coro).result(timeout)
+
+    def add_port(self, host: str, port: int, credentials: Any = None) -> int:
+        """Listen on ``host:port`` too (0: a free port, picked now), TLS with ``credentials`` (a
+        :class:`~server.tls.TlsCertificates`), else plaintext; the port. gRPC binds at
+        :meth:`start` (OSError there when it cannot)."""
+        if port == 0:
+            port = _free_port(host)
+        self._add(f"{_grpc_host(host)}:{port}", credentials, f"port {host}:{port}")
+        return port
+
+    def add_unix_socket(self, path: str, credentials: Any = None) -> None:
+        self._add(f"unix:{path}", credentials, f"socket {path}")
+
+    def _add(self, address: str, credentials: Any, what: str) -> None:
+        tls = None
+        if credentials is not None:
+            from ..tls import TlsCertificates
+
+            if not isinstance(credentials, TlsCertificates):
+                raise TypeError(f"the native gRPC server takes server/tls.py's TlsCertificates, not "
+                                f"{type(credentials).__name__}")
+            tls = _tls_tuple(credentials)
+            if not self._tls_followed:  # one source for every TLS listener
+                self._tls_followed = True
+                credentials.listeners.append(lambda material: self.native.set_tls(
+                    (material.key, material.cert_chain, material.client_ca,
+                     credentials.deployment.tls_require_client_cert)))
+        if self.native.add_port(address, tls) < 0:
+            raise OSError(f"cannot bind the gRPC {what}: gRPC refused its TLS credentials")
+        self._listeners.append(what)
+
+    def start(self) -> None:
+        try:
+            self.native.start()
+        except RuntimeError as exc:
+            raise OSError(f"cannot bind the gRPC {', '.join(self._listeners)}: {exc}") from None
+        self._started = True
+        self._fold_task = self.submit(self._fold_loop())
+        log.info("native gRPC server (gRPC %s) on %s", self._mod.GRPC_VERSION, ", ".join(self._listeners))
+
+    def stop(self, grace: float | None, timeout: float = 10.0) -> None:
+        """Stop accepting calls, give those in progress ``grace`` seconds (None: cancel them
+        now; bridged ones are cancelled on the loop), then end the loop's thread. Idempotent."""
+        if not self._thread.is_alive():
+            return
+        try:
+            if self._fold_task is not None:
+                self._fold_task.cancel()
+            # the direct path's calls are not in the drain gate's count: they finish first (no
+            # new one takes it once draining)
+            timeout_ = self.rt.deployment.drain_timeout_seconds
+            if self.draining_since is not None:  # what the drain has left
+                timeout_ = max(grace or 0.0, timeout_ - (time.monotonic() - self.draining_since))
+            if self._started and not self.native.wait_direct_idle(timeout_):
+                log.warning("calls on the native direct path still running after the drain timeout are cut off")
+            done = threading.Event()
+
+            def shutdown() -> None:
+                self.native.shutdown(grace or 0.0)
+                done.set()
+            threading.Thread(target=shutdown, name="sp-grpc-stop", daemon=True).start()
+            if not done.wait((grace or 0.0) + timeout):
+                # handlers that ignored their cancellation: answered now, so gRPC can stop
+                log.warning("the native gRPC server did not stop within %.1f s; ending its calls", timeout)
+                self.loop.call_soon_threadsafe(self._end_all)
+                done.wait(timeout)
+            self.loop.call_soon_threadsafe(self._fold)  # the last answers into the metrics
+            counts = self.native.stats()
+            log.info("native gRPC server stopped: %d calls answered natively, %d bridged", counts["direct"],
+                     counts["bridged"])
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout)
+
+    def stats(self) -> dict[str, int]:
+        """Calls answered on the direct path, bridged, and the direct path's threads."""
+        return self.native.stats()
+
+    # --- the bridge -------------------------------------------------------------------------
+
+    def _on_events(self) -> None:
+        native = self._mod
+        for kind, cid, call, ok in self.native.take():
+            if kind == native.NEW:
+                ctx = NativeContext(call, self.loop)
+                self._calls[cid] = ctx
+                ctx.task = self.loop.create_task(self._serve(call, ctx))
+                ctx.task.add_done_callback(lambda _task, ctx=ctx: self._done(ctx))
+                continue
+            ctx = self._calls.get(cid)
+            if ctx is None:
+                continue
+            if kind == native.CANCEL:
+                ctx._cancel()
+            else:
+                ctx._wrote(ok)
+
+    async def _resolve(self, method: str) -> tuple | None:
+        async def continuation(details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+            return self.server.find(details)
+
+        handler = await self._interceptor.intercept_service(continuation, _Details(method))
+        entry = None
+        if handler is not None:
+            fn = handler.unary_unary or handler.unary_stream
+            entry = (handler, asyncio.iscoroutinefunction(fn) if fn is not None else True)
+        self._handlers[method] = entry
+        return entry
+
+    async def _serve(self, call: Any, ctx: NativeContext) -> None:
+        response = None
+        try:
+            method = call.method
+            entry = self._handlers[method] if method in self._handlers else await self._resolve(method)
+            if entry is None:
+                ctx._code, ctx._details = grpc.StatusCode.UNIMPLEMENTED, "Method not found!"
+                return
+            handler, is_async = entry
+            if handler.request_streaming:
+                ctx._code, ctx._details = grpc.StatusCode.UNIMPLEMENTED, _STREAMING_REQUESTS
+                return
+            request = call.request
+            if handler.request_deserializer is not None:
+                try:
+                    request = handler.request_deserializer(request)
+                except Exception as exc:  # as the interceptor answers ours (grpcio: UNKNOWN, outside the table)
+                    ctx._code, ctx._details = grpc.StatusCode.INVALID_ARGUMENT, _not_a_message(
+                        handler.request_deserializer, len(request), exc)
+                    return
+            if handler.unary_unary is not None:
+                out = handler.unary_unary(request, ctx)
+                if is_async or asyncio.iscoroutine(out):
+                    out = await out
+                if out is not None and ctx._code == _OK:
+                    serialize = handler.response_serializer
+                    response = serialize(out) if serialize is not None else out
+            else:
+                ctx._serializer = handler.response_serializer
+                out = handler.unary_stream(request, ctx)
+                if hasattr(out, "__aiter__"):
+                    async for message in out:
+                        await ctx.write(message)
+                elif asyncio.iscoroutine(out):
+                    await out
+                elif out is not None:
+                    for message in out:
+                        await ctx.write(message)
+        except _Aborted:
+            pass
+        except asyncio.CancelledError:
+            ctx._code, ctx._details = grpc.StatusCode.CANCELLED, "Cancelled"
+        except Exception as exc:  # grpcio's answer to a handler's exception
+            log.exception("gRPC method %s raised", call.method)
+            ctx._code, ctx._details = grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc)}: {exc}"
+        finally:
+            self._calls.pop(call.id, None)
+            code = ctx._code
+            call.finish(code.value[0], ctx._details or "", response if code == _OK else None,
+                        ctx._initial, ctx._trailing)
+
+    def _done(self, ctx: NativeContext) -> None:
+        """A call's task ended: one cancelled before it began never ran :meth:`_serve` (whose
+        ``finally`` finishes the call): finished here (gRPC waits for every call's finish)."""
+        call = ctx.call
+        if not call.finished:
+            self._calls.pop(call.id, None)
+            call.finish(grpc.StatusCode.CANCELLED.value[0], "Cancelled", None, None, None)
+
+    def _end_all(self) -> None:
+        for ctx in list(self._calls.values()):
+            self._calls.pop(ctx.call.id, None)
+            ctx.call.finish(grpc.StatusCode.UNAVAILABLE.value[0], "the server is stopping", None, None, None)
+
+    # --- what the direct path answered --------------------------------------------------------
+
+    async def _fold_loop(self) -> None:
+        while True:
+            await asyncio.sleep(FOLD_SECONDS)
+            self._fold()
+
+    def _fold(self) -> None:
+        rt = self.rt
+        try:
+            for model, label, count, seconds, buckets in self.native.fold():
+                _add(rt.metrics.request(model, label, "grpc", "predict", "OK"), count, seconds, buckets)
+            for model, label, seconds, rid in self.native.take_access():
+                rt.access_log.ok("grpc", "predict", model, label, seconds, rid)
+            self.routes.refresh()
+        except Exception:  # never the loop's end
+            log.exception("folding the native gRPC server's counts failed")
+
+
+def _not_a_message(deserializer: Any, size: int, exc: Exception) -> str:
+    message = getattr(getattr(getattr(deserializer, "__self__", None), "DESCRIPTOR", None), "full_name", "message")
+    return f"the request is not a serialized {message} ({size} bytes): {shorten(str(exc), 120)}"
+
+
+def _add(bound: Any, count: int, seconds: float, buckets: list[int]) -> None:
+    """``count`` requests of ``seconds`` in all, ``buckets`` per latency bucket, into one
+    :class:`~server.metrics.RequestMetrics` (prometheus_client's children, added to in bulk)."""
+    bound._count.inc(count)
+    latency = bound._latency
+    parts = getattr(latency, "_buckets", None)
+    if parts is None or len(parts) != len(buckets) or not hasattr(latency, "_sum"):
+        for _ in range(count):  # another client library: the mean, per request
+            latency.observe(seconds / count)
+        return
+    latency._sum.inc(seconds)
+    for part, n in zip(parts, buckets):
+        if n:
+            part.inc(n)
+
+
+def _tls_tuple(certificates: Any) -> tuple:
+    material = certificates.material
+    return (material.key, material.cert_chain, material.client_ca, certificates.deployment.tls_require_client_cert)
+
+
+def _free_port(host: str) -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+class DirectRoutes:
+    """Each model's direct path on the native server (see the module doc): a route per model
+    whose plan is plain and batches on a native queue, following the DataPlane's plans; none
+    when ``processor._native`` is not built or OpenTelemetry tracing is on (a sampled call needs
+    its span). :meth:`refresh` follows models added since (and which model a call naming none
+    runs on)."""
+
+    def __init__(self, rt: ServingRuntime, server: Any) -> None:
+        from processor import native
+
+        self.rt = rt
+        self.server = server
+        self._followed: set[str] = set()
+        self._front = None
+        if native.MODULE is None or rt.otel is not None or not hasattr(native.MODULE, "direct_api"):
+            server.set_direct_api(None)
+            return
+        self._front = native.MODULE.DirectFront
+        server.set_direct_api(native.MODULE.direct_api)
+        self.refresh()
+
+    def refresh(self) -> None:
+        if self._front is None:
+            return
+        names = self.rt.dataplane.model_names
+        self.server.set_sole_model(names[0] if len(names) == 1 else "")
+        for name in names:
+            if name not in self._followed:
+                self._followed.add(name)
+                self.rt.dataplane.follow_plan(name, lambda plan, name=name: self._publish(name, plan))
+
+    def _publish(self, name: str, plan: Any) -> None:
+        """Under the DataPlane's publication lock: quick."""
+        group = plan.group if plan is not None else None
+        lane = None
+        if group is not None and plan.plain and plan.batching is not None:
+            lane = group.open_direct_lane()
+        if lane is None:
+            self.server.set_route(name, None, "", "")
+            return
+        front = self._front()
+        front.publish(lane)
+        self.server.set_route(name, front.capsule(), str(version_number(group.version)), group.version.label)
+
+
+class NativeHealth(Health):
+    """The health service on the native server; :meth:`shutdown` (the drain) also turns the
+    direct path off, so new calls meet the drain gate on the bridge."""
+
+    def shutdown(self) -> None:
+        self.server.draining_since = time.monotonic()
+        self.server.native.set_draining(True)
+        super().shutdown()
+
+
+def create_native_grpc_server(rt: ServingRuntime, host: str, port: int | None, credentials: Any = None,
+                              protocols: Sequence[Protocol] = ()) -> tuple[NativeGrpcServer, int | None, Health]:
+    """:func:`~server.grpc.server.create_grpc_server` on the native server: ``credentials`` is a
+    :class:`~server.tls.TlsCertificates` (TLS) or None."""
+    server = NativeGrpcServer(rt, protocols)
+    health = NativeHealth(rt, server, [name for protocol in protocols for name in protocol.grpc_health])
+    return server, None if port is None else server.add_port(host, port, credentials), health
