@@ -6,6 +6,7 @@ source (parsed, not imported), so a new edge that decides for itself fails here.
 from __future__ import annotations
 
 import ast
+import functools
 from collections import Counter
 from pathlib import Path
 
@@ -13,35 +14,39 @@ ROOT = Path(__file__).resolve().parents[2]
 CODE = ("processor", "server")
 
 
+def _owner(node: ast.AST) -> str | None:
+    """The name an attribute is taken of: ``x`` of ``x.attr``, ``b`` of ``a.b.attr``."""
+    return node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", None)
+
+
+@functools.cache
+def _uses() -> tuple[tuple[str, str, str, str | None], ...]:
+    """Every attribute call and read in processor/ and server/, parsed once: (path from the
+    root, "call" or "read", the attribute, the name it is taken of)."""
+    out = []
+    for folder in CODE:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            where = str(path.relative_to(ROOT))
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                    out.append((where, "call", node.func.attr, _owner(node.func.value)))
+                elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+                    out.append((where, "read", node.attr, _owner(node.value)))
+    return tuple(out)
+
+
 def _calls(attr: str, owner: str | None = None) -> Counter:
     """Where ``<anything>.attr(...)`` (``owner``: ``<...>.owner.attr(...)`` or
     ``owner.attr(...)``) is called in processor/ and server/: file -> count."""
-    found: Counter = Counter()
-    for folder in CODE:
-        for path in (ROOT / folder).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == attr):
-                    continue
-                target = node.func.value
-                name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", None)
-                if owner is None or name == owner:
-                    found[str(path.relative_to(ROOT))] += 1
-    return found
+    return Counter(path for path, kind, name, of in _uses()
+                   if kind == "call" and name == attr and (owner is None or of == owner))
 
 
 def _reads(attr: str, owner: str | None = None) -> set[str]:
     """The files of processor/ and server/ that read ``<anything>.attr`` (``owner``: only
     ``owner.attr`` / ``<...>.owner.attr``)."""
-    found = set()
-    for folder in CODE:
-        for path in (ROOT / folder).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                if isinstance(node, ast.Attribute) and node.attr == attr and isinstance(node.ctx, ast.Load):
-                    target = node.value
-                    name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", None)
-                    if owner is None or name == owner:
-                        found.add(str(path.relative_to(ROOT)))
-    return found
+    return {path for path, kind, name, of in _uses()
+            if kind == "read" and name == attr and (owner is None or of == owner)}
 
 
 def test_the_plan_decides_in_one_place_and_the_dataplane_alone_reads_its_decision():
