@@ -249,7 +249,7 @@ static void load_direct_path(PyObject* abi) {
       table != NULL ? (const sp_direct_api*)PyCapsule_GetPointer(table, SP_DIRECT_API_CAPSULE) : NULL;
   PyErr_Clear();
   Py_XDECREF(table);
-  if (fn != NULL && api != NULL && api->abi == SP_DIRECT_ABI && PyCallable_Check(fn)) {
+  if (fn != NULL && api != NULL && api->abi >= 1 && PyCallable_Check(fn)) {
     g_direct_front_fn = fn; /* both kept for the life of the process */
     __atomic_store_n(&g_direct_api, api, __ATOMIC_RELEASE);
   } else {

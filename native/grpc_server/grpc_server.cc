@@ -7,6 +7,7 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/security/server_credentials.h>
 #include <sys/eventfd.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -187,10 +188,11 @@ class Reactor final : public grpc::ServerGenericBidiReactor {
     return {joined_.data(), joined_.size()};
   }
 
-  // Our Predict on the direct path (see grpc_server.h); false: bridge it.
+  // Our Predict on the direct path (see grpc_server.h); false: bridge it. Once submit() took
+  // the call, the batch thread may complete it (and this reactor be gone) before submit returns.
   bool try_direct() {
     const sp_direct_api* api = server_->direct_api();
-    if (api == nullptr || server_->draining()) return false;
+    if (api == nullptr || api->abi < 2 || server_->draining()) return false;
     grpc::string_ref model, rid;
     bool named = false, has_rid = false;
     for (const auto& [key, value] : ctx_->client_metadata()) {
@@ -206,41 +208,54 @@ class Reactor final : public grpc::ServerGenericBidiReactor {
     if (!route) return false;
     auto [data, size] = contiguous();
     if (size == 0 || size > 0x7fffffff) return false;  // empty: DeepRec's ping, answered by Python
-    // A call with a deadline goes through Python, which hands the deadline to the queue (a call
-    // whose deadline passes before its batch runs is dropped, never run): direct_api.h's serve()
-    // takes none yet (its ABI 2 would; then only a passed deadline is bridged).
-    if (ctx_->deadline() != std::chrono::system_clock::time_point::max()) return false;
+    double deadline = 0;  // CLOCK_MONOTONIC seconds (the queue's clock); 0: none
+    auto until = ctx_->deadline();
+    if (until != std::chrono::system_clock::time_point::max()) {
+      double left = std::chrono::duration<double>(until - std::chrono::system_clock::now()).count();
+      if (left <= 0) return false;  // passed already: Python answers DEADLINE_EXCEEDED
+      timespec now;
+      clock_gettime(CLOCK_MONOTONIC, &now);
+      deadline = double(now.tv_sec) + double(now.tv_nsec) * 1e-9 + left;
+    }
     rid_ = has_rid && sane_request_id(rid) ? str(rid) : server_->new_request_id();
     if (!server_->enter_direct()) return false;
     route_ = std::move(route);
-    // serve() blocks until the batch ran: never on a gRPC thread (the reactions would stall)
-    server_->pool().submit([this] { run_direct(); });
-    return true;
+    void* front = route_->front;
+    if (api->submit(front, data, int(size), deadline, &Reactor::direct_done, this) == 1) return true;
+    route_.reset();
+    server_->exit_direct();
+    return false;
   }
 
-  // On a DirectPool thread: waits for the batch (no Python, no GIL).
-  void run_direct() {
-    auto [data, size] = contiguous();
-    void* out = nullptr;
-    int out_size = 0;
-    const sp_direct_api* api = server_->direct_api();
-    int status = api != nullptr ? api->serve(route_->front, data, int(size), &out, &out_size) : 0;
-    if (status != 200) {
-      std::free(out);
-      route_.reset();
-      server_->exit_direct();
-      bridge();  // not taken: Python answers it exactly
+  // On the batch thread that ran the call's batch (no Python, no GIL): the answer, or the bridge
+  // when the queue handed the call back.
+  static void direct_done(void* user, int status, const void* out, int out_size) {
+    auto* self = static_cast<Reactor*>(user);
+    Server* server = self->server_;
+    if (status == 504) {  // dropped unrun by its queue: as Python answers it
+      self->ctx_->AddTrailingMetadata("x-request-id", self->rid_);
+      std::shared_ptr<RouteStats> expired = self->route_->expired;
+      server->record(expired, std::chrono::steady_clock::now() - self->started_, std::move(self->rid_));
+      self->route_.reset();
+      server->exit_direct();
+      self->Finish(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, expired->message));
       return;
     }
-    ctx_->AddInitialMetadata("x-model-version", route_->version);
-    ctx_->AddTrailingMetadata("x-request-id", rid_);
-    grpc::Slice slice(out != nullptr ? out : std::malloc(1), size_t(out_size), std::free);  // owns out
-    response_ = grpc::ByteBuffer(&slice, 1);
-    server_->count_direct();
-    server_->record(route_->stats, std::chrono::steady_clock::now() - started_, std::move(rid_));
-    route_.reset();
-    server_->exit_direct();  // answered: the drain need not wait for the write
-    StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK);
+    if (status != 200) {
+      self->route_.reset();
+      server->exit_direct();
+      self->bridge();  // not taken: Python answers it exactly
+      return;
+    }
+    self->ctx_->AddInitialMetadata("x-model-version", self->route_->version);
+    self->ctx_->AddTrailingMetadata("x-request-id", self->rid_);
+    grpc::Slice slice(out, size_t(out_size));  // copied: `out` is the queue's
+    self->response_ = grpc::ByteBuffer(&slice, 1);
+    server->count_direct();
+    server->record(self->route_->stats, std::chrono::steady_clock::now() - self->started_, std::move(self->rid_));
+    self->route_.reset();
+    server->exit_direct();  // answered: the drain need not wait for the write
+    self->StartWriteAndFinish(&self->response_, grpc::WriteOptions(), grpc::Status::OK);
   }
 
   void bridge() {
@@ -300,50 +315,6 @@ std::vector<std::pair<std::string, std::vector<std::string>>> BridgeCall::auth_c
   return reactor_->auth_properties();
 }
 
-// --- DirectPool ---------------------------------------------------------------------------------
-
-void DirectPool::submit(std::function<void()> job) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  jobs_.push_back(std::move(job));
-  if (idle_ == 0 && int(threads_.size()) < max_ && !stopping_) {
-    threads_.emplace_back([this] { run(); });
-  } else {
-    lock.unlock();
-    ready_.notify_one();
-  }
-}
-
-void DirectPool::run() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  while (true) {
-    ++idle_;
-    ready_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
-    --idle_;
-    if (jobs_.empty()) return;  // stopping, nothing left
-    std::function<void()> job = std::move(jobs_.front());
-    jobs_.pop_front();
-    lock.unlock();
-    job();
-    lock.lock();
-  }
-}
-
-void DirectPool::stop() {
-  std::vector<std::thread> threads;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
-    threads.swap(threads_);
-  }
-  ready_.notify_all();
-  for (auto& t : threads) t.join();
-}
-
-int DirectPool::threads() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return int(threads_.size());
-}
-
 // --- Server -------------------------------------------------------------------------------------
 
 struct Server::Impl {
@@ -368,7 +339,7 @@ struct Server::Impl {
   std::vector<std::unique_ptr<TlsFetcher>> fetchers;
 };
 
-Server::Server(Options options) : options_(std::move(options)), pool_(std::max(1, options_.max_direct_threads)) {
+Server::Server(Options options) : options_(std::move(options)) {
   grpc_init();
   impl_ = std::make_unique<Impl>(this);
   event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -463,7 +434,6 @@ void Server::shutdown(double grace_seconds) {
     done_cv.notify_all();
     last_resort.join();
   }
-  pool_.stop();
 }
 
 void Server::add_bridged(const std::shared_ptr<BridgeCall>& call) {
@@ -510,12 +480,13 @@ std::shared_ptr<Route> Server::route_for(const std::string& model) {
   return it == routes_.end() ? nullptr : it->second;
 }
 
-std::shared_ptr<RouteStats> Server::stats_of(const std::string& model, const std::string& label) {
+std::shared_ptr<RouteStats> Server::stats_of(const std::string& model, const std::string& label,
+                                             const std::string& code, const std::string& message) {
   std::lock_guard<std::mutex> lock(stats_mutex_);
-  std::string key = model + '\0' + label;
+  std::string key = model + '\0' + label + '\0' + code;
   auto it = stats_.find(key);
   if (it != stats_.end()) return it->second;
-  auto stats = std::make_shared<RouteStats>(model, label, options_.latency_buckets.size());
+  auto stats = std::make_shared<RouteStats>(model, label, code, message, options_.latency_buckets.size());
   stats_.emplace(std::move(key), stats);
   return stats;
 }

@@ -6,14 +6,14 @@
 // Each call gets a Reactor; once its request message has arrived it is either
 //   * served on the direct path: `/tensorflow.eas.ProcessorService/Predict` to a model Python has
 //     published a Route for (a batching model whose plan is plain: native/src/direct_front.h),
-//     naming no version or label, with no deadline (direct_api.h's serve() takes none: Python hands
-//     a deadline to the queue, which drops a call whose deadline passed before its batch ran),
-//     while the server is not draining: a DirectPool thread queues the request bytes on the
-//     model's batching queue through the C table of direct_api.h and waits for its batch (the
-//     table's serve() blocks; reactions must not), then the answer goes back with
-//     `x-model-version` (initial metadata) and `x-request-id` (trailing). Anything the direct path
-//     does not take (serve() answers 0) continues on the bridge, so Python answers it exactly,
-//     its errors included;
+//     naming no version or label, while the server is not draining: the request bytes are queued
+//     on the model's batching queue through the C table of direct_api.h (its ABI 2 submit(),
+//     which returns at once) right on the gRPC thread, with the call's deadline; the batch thread
+//     that ran the batch completes the call (StartWriteAndFinish), so no thread waits for a batch.
+//     The answer goes back with `x-model-version` (initial metadata) and `x-request-id`
+//     (trailing). Anything the direct path does not take (submit() answers 0, or hands the call
+//     back: a deadline passed before its batch ran, a request its queue cannot merge) continues
+//     on the bridge, so Python answers it exactly, its errors included;
 //   * or bridged: a BridgeCall is posted on the event queue (an eventfd tells Python's event loop)
 //     and Python answers it with BridgeCall::finish (unary) or write() then finish() (server
 //     streaming: the health service's Watch).
@@ -59,15 +59,15 @@ struct ChannelArg {
 struct Options {
   std::vector<ChannelArg> channel_args;
   int max_concurrent_rpcs = 1000;      // beyond: RESOURCE_EXHAUSTED, as grpcio's server
-  int max_direct_threads = 256;        // DirectPool: threads waiting for batches, at most
   std::vector<double> latency_buckets; // upper bounds (seconds) of the latency histogram
 };
 
-// What one (model, version) answered on the direct path, since the last fold.
+// What one (model, version) answered on the direct path with one status code ("OK", or
+// "DEADLINE_EXCEEDED": dropped by its queue), since the last fold; `message`: the error's.
 struct RouteStats {
-  RouteStats(std::string m, std::string l, size_t buckets)
-      : model(std::move(m)), label(std::move(l)), counts(buckets + 1) {}
-  const std::string model, label;
+  RouteStats(std::string m, std::string l, std::string c, std::string msg, size_t buckets)
+      : model(std::move(m)), label(std::move(l)), code(std::move(c)), message(std::move(msg)), counts(buckets + 1) {}
+  const std::string model, label, code, message;
   std::atomic<uint64_t> count{0}, sum_ns{0};
   std::vector<std::atomic<uint64_t>> counts;  // per bucket (not cumulative); the last: +Inf
 };
@@ -77,7 +77,7 @@ struct RouteStats {
 struct Route {
   void* front = nullptr;
   std::string version;  // x-model-version
-  std::shared_ptr<RouteStats> stats;
+  std::shared_ptr<RouteStats> stats, expired;  // answered; dropped by the queue (DEADLINE_EXCEEDED)
   void* owner = nullptr;
   std::function<void(void*)> release;
   ~Route() {
@@ -131,26 +131,6 @@ struct Event {
   bool ok = true;
 };
 
-// Threads that run direct calls (each blocks until its batch ran), made as needed.
-class DirectPool {
- public:
-  explicit DirectPool(int max_threads) : max_(max_threads) {}
-  ~DirectPool() { stop(); }
-  void submit(std::function<void()> job);
-  void stop();
-  int threads() const;
-
- private:
-  void run();
-  mutable std::mutex mutex_;
-  std::condition_variable ready_;
-  std::deque<std::function<void()>> jobs_;
-  std::vector<std::thread> threads_;
-  int idle_ = 0;
-  const int max_;
-  bool stopping_ = false;
-};
-
 struct Tls {
   std::string key, cert_chain, client_ca;
   bool require_client_cert = false;
@@ -169,7 +149,7 @@ class Server {
   // After start(): the port the i-th add_port bound (0: none).
   int bound_port(size_t i) const;
   // Stop accepting calls, give those in progress until `grace_seconds` (then cancel them),
-  // stop the direct threads. Blocks until every call is done: bridged ones finish through Python
+  // Blocks until every call is done: bridged ones finish through Python
   // (cancelled at the grace's end); any Python has not finished kShutdownSlack later (its loop
   // gone, a handler ignoring its cancellation) is finished here, UNAVAILABLE. Idempotent.
   void shutdown(double grace_seconds);
@@ -185,8 +165,10 @@ class Server {
   void set_sole_model(const std::string& model);
   void set_draining(bool draining) { draining_.store(draining, std::memory_order_release); }
   void set_access_log(bool on) { access_log_.store(on, std::memory_order_release); }
-  // The stats object of (model, label): made once, kept (folded by Python).
-  std::shared_ptr<RouteStats> stats_of(const std::string& model, const std::string& label);
+  // The stats object of (model, label, code): made once, kept (folded by Python); `message`:
+  // the error's (a code but OK).
+  std::shared_ptr<RouteStats> stats_of(const std::string& model, const std::string& label, const std::string& code,
+                                       const std::string& message);
   std::vector<std::shared_ptr<RouteStats>> all_stats();
   std::vector<AccessRecord> take_access_records();
 
@@ -198,7 +180,6 @@ class Server {
   bool wait_direct_idle(double seconds);
   int64_t direct_served() const { return direct_served_.load(std::memory_order_relaxed); }
   int64_t bridged() const { return bridged_.load(std::memory_order_relaxed); }
-  int direct_threads() const { return pool_.threads(); }
 
   // --- for the reactors --------------------------------------------------------------------
   void post(Event event);
@@ -214,7 +195,6 @@ class Server {
   std::string new_request_id();
   void record(const std::shared_ptr<RouteStats>& stats, std::chrono::steady_clock::duration took,
               std::string request_id);
-  DirectPool& pool() { return pool_; }
   void count_direct() { direct_served_.fetch_add(1, std::memory_order_relaxed); }
   void count_bridged() { bridged_.fetch_add(1, std::memory_order_relaxed); }
   void add_bridged(const std::shared_ptr<BridgeCall>& call);
@@ -225,7 +205,6 @@ class Server {
  private:
   Options options_;
   std::unique_ptr<Impl> impl_;
-  DirectPool pool_;
   std::atomic<const sp_direct_api*> api_{nullptr};
   std::mutex routes_mutex_;
   std::unordered_map<std::string, std::shared_ptr<Route>> routes_;

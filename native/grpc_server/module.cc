@@ -1,11 +1,13 @@
 // module.cc -- server.grpc._native_grpc: the native gRPC server's Python bindings (nanobind).
 //
-//   Server(channel_args, max_concurrent_rpcs, latency_buckets, max_direct_threads)
+//   Server(channel_args, max_concurrent_rpcs, latency_buckets)
 //     .add_port(address, tls | None)     before start(); tls: (key, cert_chain, client_ca, require)
 //     .start() / .bound_ports() / .shutdown(grace)   shutdown blocks without the GIL
 //     .set_tls(tls)                      new material for new handshakes
 //     .set_direct_api(capsule)           processor._native.direct_api (direct_api.h)
-//     .set_route(model, front | None, version, label)   a DirectFront capsule: the model's direct path
+//     .set_route(model, front | None, version, label, expired_message)   a DirectFront capsule:
+//                                        the model's direct path; the DEADLINE_EXCEEDED message of a
+//                                        call its queue dropped
 //     .set_sole_model(name) / .set_draining(bool) / .set_access_log(bool)
 //     .event_fd / .take()                the bridge's events: [(kind, id, Call | None, ok)]
 //     .fold() / .take_access() / .stats()   what the server answered itself
@@ -104,8 +106,7 @@ struct PyServer {
   }
 };
 
-void make_server(PyServer* self, nb::list channel_args, int max_concurrent_rpcs, std::vector<double> buckets,
-                 int max_direct_threads) {
+void make_server(PyServer* self, nb::list channel_args, int max_concurrent_rpcs, std::vector<double> buckets) {
   spg::Options options;
   for (nb::handle item : channel_args) {
     nb::tuple pair = nb::borrow<nb::tuple>(item);
@@ -121,7 +122,6 @@ void make_server(PyServer* self, nb::list channel_args, int max_concurrent_rpcs,
     options.channel_args.push_back(std::move(arg));
   }
   options.max_concurrent_rpcs = max_concurrent_rpcs;
-  options.max_direct_threads = max_direct_threads;
   options.latency_buckets = std::move(buckets);
   new (self) PyServer{std::make_unique<spg::Server>(std::move(options)), nb::none(), 0};
 }
@@ -150,7 +150,7 @@ nb::list fold(PyServer& self) {
     double sum = double(s->sum_ns.exchange(0, std::memory_order_relaxed)) / 1e9;
     nb::list buckets;
     for (auto& c : s->counts) buckets.append(c.exchange(0, std::memory_order_relaxed));
-    out.append(nb::make_tuple(s->model, s->label, count, sum, buckets));
+    out.append(nb::make_tuple(s->model, s->label, s->code, count, sum, buckets));
   }
   return out;
 }
@@ -158,7 +158,8 @@ nb::list fold(PyServer& self) {
 nb::list take_access(PyServer& self) {
   nb::list out;
   for (auto& r : self.server->take_access_records())
-    out.append(nb::make_tuple(r.stats->model, r.stats->label, r.seconds, r.request_id));
+    out.append(nb::make_tuple(r.stats->model, r.stats->label, r.stats->code, r.stats->message, r.seconds,
+                              r.request_id));
   return out;
 }
 
@@ -216,7 +217,7 @@ NB_MODULE(_native_grpc, m) {
 
   nb::class_<PyServer>(m, "Server")
       .def("__init__", &make_server, nb::arg("channel_args"), nb::arg("max_concurrent_rpcs"),
-           nb::arg("latency_buckets"), nb::arg("max_direct_threads"))
+           nb::arg("latency_buckets"))
       .def("add_port",
            [](PyServer& self, const std::string& address, nb::handle tls) {
              if (tls.is_none()) return self.server->add_port(address, nullptr) ? self.ports++ : -1;
@@ -264,15 +265,15 @@ NB_MODULE(_native_grpc, m) {
              }
              auto* api = static_cast<const sp_direct_api*>(PyCapsule_GetPointer(capsule.ptr(), SP_DIRECT_API_CAPSULE));
              if (api == nullptr) throw nb::python_error();
-             if (api->abi != SP_DIRECT_ABI)
+             if (api->abi < 2)  // submit(), the asynchronous serve
                throw std::runtime_error("processor._native.direct_api: ABI " + std::to_string(api->abi) +
-                                        ", this server implements " + std::to_string(SP_DIRECT_ABI));
+                                        ", this server needs 2 or later");
              self.api_capsule = nb::borrow(capsule);
              self.server->set_direct_api(api);
            })
       .def("set_route",
            [](PyServer& self, const std::string& model, nb::handle front, const std::string& version,
-              const std::string& label) {
+              const std::string& label, const std::string& expired_message) {
              release_garbage();
              if (front.is_none()) {
                self.server->set_route(model, nullptr);
@@ -283,26 +284,28 @@ NB_MODULE(_native_grpc, m) {
              auto route = std::make_shared<spg::Route>();
              route->front = p;
              route->version = version;
-             route->stats = self.server->stats_of(model, label);
+             route->stats = self.server->stats_of(model, label, "OK", "");
+             route->expired = self.server->stats_of(model, label, "DEADLINE_EXCEEDED", expired_message);
              Py_INCREF(front.ptr());
              route->owner = front.ptr();
              route->release = &release_later;
              self.server->set_route(model, std::move(route));
              release_garbage();
            },
-           nb::arg("model"), nb::arg("front").none(), nb::arg("version"), nb::arg("label"))
+           nb::arg("model"), nb::arg("front").none(), nb::arg("version"), nb::arg("label"),
+           nb::arg("expired_message") = "")
       .def("set_sole_model", [](PyServer& self, const std::string& m) { self.server->set_sole_model(m); })
       .def("set_draining", [](PyServer& self, bool d) { self.server->set_draining(d); })
       .def("set_access_log", [](PyServer& self, bool on) { self.server->set_access_log(on); })
       .def_prop_ro("event_fd", [](PyServer& self) { return self.server->event_fd(); })
       .def("take", &take, "the events posted since the last call: [(kind, id, Call | None, ok)]")
-      .def("fold", &fold, "[(model, label, count, seconds, bucket counts)] since the last fold")
-      .def("take_access", &take_access, "[(model, label, seconds, request id)] since the last call")
+      .def("fold", &fold, "[(model, label, code, count, seconds, bucket counts)] since the last fold")
+      .def("take_access", &take_access,
+           "[(model, label, code, message, seconds, request id)] since the last call")
       .def("stats", [](PyServer& self) {
         nb::dict d;
         d["direct"] = self.server->direct_served();
         d["bridged"] = self.server->bridged();
-        d["direct_threads"] = self.server->direct_threads();
         return d;
       });
 }

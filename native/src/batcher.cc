@@ -53,6 +53,7 @@ struct Batcher::Ticket {
   bool done = false;
   Status status = Status::kNotTaken;
   int notify_fd = -1;  // an eventfd written once the ticket is answered (an event loop's), or -1
+  Done on_done;        // set: the queue owns the ticket (enqueue_async); finish() runs it, then frees it
 };
 
 struct Batcher::Batch {
@@ -79,7 +80,17 @@ void Batcher::TicketDeleter::operator()(Ticket* ticket) const {
 }
 
 Batcher::TicketPtr Batcher::enqueue(const uint8_t* data, size_t size, double deadline, Status& status,
-                                    int notify_fd) {
+                                    int notify_fd, bool counted) {
+  return enqueue_with(data, size, deadline, status, notify_fd, counted, Done());
+}
+
+bool Batcher::enqueue_async(const uint8_t* data, size_t size, double deadline, Status& status, Done done) {
+  enqueue_with(data, size, deadline, status, -1, false, std::move(done));
+  return status == Status::kOk;
+}
+
+Batcher::TicketPtr Batcher::enqueue_with(const uint8_t* data, size_t size, double deadline, Status& status,
+                                         int notify_fd, bool counted, Done done) {
   status = Status::kNotTaken;
   TicketPtr ticket(new Ticket);
   Request& r = *ticket;
@@ -122,12 +133,12 @@ Batcher::TicketPtr Batcher::enqueue(const uint8_t* data, size_t size, double dea
   }
   if (unsplittable_.count(key)) return nullptr;
   if (deadline > 0 && monotonic_now() >= deadline) {
-    stats_.expired += 1;
+    if (counted) stats_.expired += 1;
     status = Status::kExpired;
     return nullptr;
   }
   if (!budget_.try_take(r.rows)) {  // the model's bound, across all its queues
-    stats_.rejected_queue_full += 1;
+    if (counted) stats_.rejected_queue_full += 1;
     status = Status::kFull;
     return nullptr;
   }
@@ -159,6 +170,10 @@ Batcher::TicketPtr Batcher::enqueue(const uint8_t* data, size_t size, double dea
   }
   if (wake) wake_.notify_one();
   status = Status::kOk;
+  if (done) {  // the queue's from now on: released before the lock is (a batch thread frees it)
+    r.on_done = std::move(done);
+    ticket.release();
+  }
   return ticket;
 }
 
@@ -182,6 +197,11 @@ int64_t Batcher::padded_rows(int64_t rows) const {
 }
 
 void Batcher::finish(Request& r, Status status) {
+  if (r.on_done) {  // nobody waits: the queue owns it
+    r.on_done(status, r.out);
+    delete &r;
+    return;
+  }
   std::lock_guard<std::mutex> lock(r.mutex);  // the caller may free r as soon as it is released
   r.status = status;
   r.done = true;

@@ -126,7 +126,20 @@ class Batcher {
   // time.monotonic()); <= 0: none. `notify_fd` >= 0: an eventfd the batch thread adds 1 to once
   // the ticket is answered (an event loop waits on it instead of a thread on wait()); it must
   // stay open until the ticket is done.
-  TicketPtr enqueue(const uint8_t* data, size_t size, double deadline, Status& status, int notify_fd = -1);
+  // `counted` false: a refusal (kFull, kExpired) is not counted in stats(): the caller hands
+  // the request to another path that counts it when it refuses it too (the direct path).
+  TicketPtr enqueue(const uint8_t* data, size_t size, double deadline, Status& status, int notify_fd = -1,
+                    bool counted = true);
+
+  // What runs once an asynchronous request is answered: its status (kOk, kNotTaken, kExpired)
+  // and, with kOk, its PredictResponse (valid during the call only). On a batch thread; quick.
+  using Done = std::function<void(Status status, const std::string& response)>;
+  // enqueue() for a caller that does not wait: true (status kOk) when queued: the queue owns
+  // the request from then on and runs `done` exactly once, on a batch thread (possibly before
+  // enqueue_async has returned), then frees it; false (status says why) when not, and `done`
+  // never runs. `data` must stay valid until `done` ran. Its refusals are not counted (see
+  // enqueue's `counted`): its callers hand them on.
+  bool enqueue_async(const uint8_t* data, size_t size, double deadline, Status& status, Done done);
 
   // Blocks until the ticket's batch ran: kOk (response() holds the PredictResponse), kNotTaken
   // (handed back: serve it another way) or kExpired. Any thread; may be called again.
@@ -149,6 +162,9 @@ class Batcher {
   void execute(Batch& batch, int index);
   bool run_merged(Batch& batch, int lane);
   void run_with_runner(Batch& batch, int lane);
+  // enqueue() and enqueue_async(): with `done`, a queued ticket is the queue's (nullptr back).
+  TicketPtr enqueue_with(const uint8_t* data, size_t size, double deadline, Status& status, int notify_fd,
+                         bool counted, Done done);
   void finish(Request& r, Status status);
   int64_t padded_rows(int64_t rows) const;
 

@@ -45,17 +45,59 @@ int DirectFront::serve(const void* data, size_t size, const std::function<bool(c
   if (lane && size > 0 && lane->enter()) {
     {
       Batcher::Status queued;
-      Batcher::TicketPtr ticket = lane->batcher().enqueue(static_cast<const uint8_t*>(data), size, 0, queued);
+      Batcher::TicketPtr ticket =  // a refusal goes on to Python, which counts it
+          lane->batcher().enqueue(static_cast<const uint8_t*>(data), size, 0, queued, -1, false);
       if (ticket && Batcher::wait(*ticket) == Batcher::Status::kOk && take(Batcher::response(*ticket)))
         status = 200;
     }  // the ticket is gone (answered) before the lane is left
     lane->exit();
   }
-  (status == 200 ? served_ : not_taken_).fetch_add(1, std::memory_order_relaxed);
+  (status == 200 ? counters_->served : counters_->not_taken).fetch_add(1, std::memory_order_relaxed);
   return status;
 }
 
+int DirectFront::submit(const void* data, size_t size, double deadline, sp_direct_done done, void* user) {
+  std::shared_ptr<DirectLane> lane;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    lane = lane_;
+  }
+  if (!lane || size == 0 || !lane->enter()) {
+    counters_->not_taken.fetch_add(1, std::memory_order_relaxed);
+    return 0;
+  }
+  // The counters live in the front, which the caller may release once `done` ran: shared with
+  // the completion instead.
+  std::shared_ptr<Counters> counters = counters_;
+  Batcher::Status queued;
+  bool ok = lane->batcher().enqueue_async(
+      static_cast<const uint8_t*>(data), size, deadline, queued,
+      [lane, counters, done, user](Batcher::Status status, const std::string& response) {
+        if (status == Batcher::Status::kOk) {
+          counters->served.fetch_add(1, std::memory_order_relaxed);
+          done(user, 200, response.data(), int(response.size()));
+        } else if (status == Batcher::Status::kExpired) {  // dropped unrun, counted by the queue
+          done(user, 504, nullptr, 0);
+        } else {
+          counters->not_taken.fetch_add(1, std::memory_order_relaxed);
+          done(user, 0, nullptr, 0);
+        }
+        lane->exit();  // after done: an update waits for the answers it did not let out yet
+      });
+  if (!ok) {
+    lane->exit();
+    counters_->not_taken.fetch_add(1, std::memory_order_relaxed);
+    return 0;
+  }
+  return 1;
+}
+
 namespace {
+int submit_front(void* front, const void* data, int size, double deadline, sp_direct_done done, void* user) {
+  if (size <= 0 || done == nullptr) return 0;
+  return static_cast<DirectFront*>(front)->submit(data, size_t(size), deadline, done, user);
+}
+
 int serve_front(void* front, const void* data, int size, void** out, int* out_size) {
   if (size <= 0) return 0;
   return static_cast<DirectFront*>(front)->serve(data, size_t(size), [&](const std::string& response) {
@@ -69,6 +111,6 @@ int serve_front(void* front, const void* data, int size, void** out, int* out_si
 }
 }  // namespace
 
-const sp_direct_api kDirectApi = {SP_DIRECT_ABI, &serve_front};
+const sp_direct_api kDirectApi = {SP_DIRECT_ABI, &serve_front, &submit_front};
 
 }  // namespace sp

@@ -58,13 +58,20 @@ class DirectFront {
   // See direct_api.h: 200 once `take` was given the response (and returned true), or 0: not
   // taken. `take` runs while the lane is held: it copies the response out.
   int serve(const void* data, size_t size, const std::function<bool(const std::string&)>& take);
-  int64_t served() const { return served_.load(std::memory_order_relaxed); }
-  int64_t not_taken() const { return not_taken_.load(std::memory_order_relaxed); }
+  // The asynchronous serve (direct_api.h's submit): 1 when queued (`done` runs once, on a batch
+  // thread, the lane held until it returned), 0 when not. `deadline`: CLOCK_MONOTONIC seconds,
+  // <= 0: none. The front need not outlive the queued call.
+  int submit(const void* data, size_t size, double deadline, sp_direct_done done, void* user);
+  int64_t served() const { return counters_->served.load(std::memory_order_relaxed); }
+  int64_t not_taken() const { return counters_->not_taken.load(std::memory_order_relaxed); }
 
  private:
+  struct Counters {
+    std::atomic<int64_t> served{0}, not_taken{0};
+  };
   std::mutex mutex_;
   std::shared_ptr<DirectLane> lane_;
-  std::atomic<int64_t> served_{0}, not_taken_{0};
+  const std::shared_ptr<Counters> counters_ = std::make_shared<Counters>();  // shared with queued calls
 };
 
 // The table processor._native exports as the capsule SP_DIRECT_API_CAPSULE.

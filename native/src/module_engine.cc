@@ -9,7 +9,8 @@
 //   Batcher.submit(data, deadline, notify_fd=-1) -> BatchTicket  queue a request; ticket.wait() its answer
 //   Batcher.stats() / close()
 //   DirectLane(batcher).close() / open()               one version's door for the C ABI's direct path
-//   DirectFront().publish(lane | None) / serve(data) / capsule() / stats()   a model's current lane
+//   DirectFront().publish(lane | None) / serve(data) / submit(data, deadline) / capsule() / stats()
+//                                                       a model's current lane
 //                                                       (direct_front.h)
 //   direct_api                                          the C table the C shim calls (direct_api.h)
 //
@@ -21,8 +22,10 @@
 
 #include "numpy_api.h"
 
+#include <condition_variable>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <utility>
 
@@ -454,6 +457,40 @@ void bind_engine(nb::module_& m) {
            nb::arg("data"),
            "serialized PredictRequest bytes on the published lane, without the GIL: the "
            "PredictResponse bytes, or None: not taken (serve it through Python)")
+      .def("submit",
+           [](PyDirectFront& self, nb::handle data, double deadline) -> nb::object {
+             Borrowed in(data);
+             struct Wait {
+               std::mutex mutex;
+               std::condition_variable cv;
+               bool done = false;
+               int status = 0;
+               std::string response;
+             } wait;
+             {
+               nb::gil_scoped_release nogil;
+               auto done = [](void* user, int status, const void* out, int size) {
+                 auto* w = static_cast<Wait*>(user);
+                 std::lock_guard<std::mutex> lock(w->mutex);
+                 if (status == 200) w->response.assign(static_cast<const char*>(out), size_t(size));
+                 w->status = status;
+                 w->done = true;
+                 w->cv.notify_one();
+               };
+               if (self.front.submit(in.data(), in.size(), deadline, done, &wait) == 1) {
+                 std::unique_lock<std::mutex> lock(wait.mutex);
+                 wait.cv.wait(lock, [&] { return wait.done; });
+               }
+             }
+             if (wait.status == 504) return nb::str("expired");
+             if (wait.status != 200) return nb::none();
+             return nb::bytes(wait.response.data(), wait.response.size());
+           },
+           nb::arg("data"), nb::arg("deadline") = 0.0,
+           "serve() through the asynchronous path (direct_api.h's submit, completed on the batch "
+           "thread), awaited here without the GIL; `deadline`: time.monotonic() seconds (<= 0: "
+           "none). The PredictResponse bytes; 'expired': its deadline passed before its batch ran "
+           "(dropped unrun); None: not taken or handed back (serve it through Python)")
       .def("stats", [](const PyDirectFront& self) {
         nb::dict d;
         d["served"] = self.front.served();

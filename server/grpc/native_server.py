@@ -10,11 +10,12 @@ server runs one ``CallbackGenericService``: raw request bytes, no generated stub
 * **The direct path**: our Predict to a model that batches on the native engine and whose plan is
   plain (:attr:`~processor.dataplane.plan.Plan.plain`: no timeline, prediction log, shadow or
   traffic split), naming no version or label (``x-model-version`` / ``x-model-label``), with a
-  request that is not the empty introspection ping and **no deadline** (the direct path's C table
-  takes none yet; Python hands a call's deadline to the queue, which drops the call unrun once it
-  passed), while the server is not draining and OpenTelemetry tracing is off: a native thread
-  queues the request bytes on the model's default version's batching queue through the C table
-  the C ABI's shim uses (``native/src/direct_api.h``) and waits for its batch; the answer goes back with ``x-model-version`` (initial metadata) and
+  request that is not the empty introspection ping, while the server is not draining and
+  OpenTelemetry tracing is off: the gRPC thread queues the request bytes, with the call's
+  deadline, on the model's default version's batching queue through the C table the C ABI's shim
+  uses (``native/src/direct_api.h``, its asynchronous ``submit``), and the batch thread that ran
+  the batch sends the answer (no thread waits for a batch; a call whose deadline passed before
+  its batch ran is handed back, and Python answers DEADLINE_EXCEEDED); the answer goes back with ``x-model-version`` (initial metadata) and
   ``x-request-id`` (trailing; the client's when sane, else a new one). :class:`DirectRoutes`
   publishes each model's route, one ``DirectFront`` per published default version (so the version
   an answer names is the one that ran it), following the DataPlane's plans. Whatever the direct
@@ -57,6 +58,7 @@ from processor.echo import shorten
 from processor.errors import ConfigError
 from processor.request import version_number
 
+from ..access_log import AccessLog
 from ..protocols import Protocol
 from ..runtime import ServingRuntime
 from .interceptor import EdgeInterceptor, Method
@@ -66,7 +68,6 @@ log = logging.getLogger("server.grpc")
 
 KEY = "grpc_server"
 FOLD_SECONDS = 0.5  # the direct path's counts into the metrics and access log, new models followed
-MAX_DIRECT_THREADS = 256  # native threads waiting for their batch at most (more calls wait their turn)
 _OK = grpc.StatusCode.OK
 _STREAMING_REQUESTS = ("streaming requests are not served by the native gRPC server (grpc_server: "
                        "\"native\"); grpc_server: \"python\" serves them")
@@ -226,7 +227,7 @@ class NativeGrpcServer:
         dep = rt.deployment
         self.rt = rt
         self.native = native.Server(list(grpc_options(dep)), dep.grpc_max_concurrent_rpcs,
-                                    [float(b) for b in rt.metrics.latency._upper_bounds[:-1]], MAX_DIRECT_THREADS)
+                                    [float(b) for b in rt.metrics.latency._upper_bounds[:-1]])
         self._mod = native
         self.loop = _new_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="sp-grpc", daemon=True)
@@ -444,10 +445,13 @@ class NativeGrpcServer:
     def _fold(self) -> None:
         rt = self.rt
         try:
-            for model, label, count, seconds, buckets in self.native.fold():
-                _add(rt.metrics.request(model, label, "grpc", "predict", "OK"), count, seconds, buckets)
-            for model, label, seconds, rid in self.native.take_access():
-                rt.access_log.ok("grpc", "predict", model, label, seconds, rid)
+            for model, label, code, count, seconds, buckets in self.native.fold():
+                _add(rt.metrics.request(model, label, "grpc", "predict", code), count, seconds, buckets)
+            for model, label, code, message, seconds, rid in self.native.take_access():
+                if code == "OK":
+                    rt.access_log.ok("grpc", "predict", model, label, seconds, rid)
+                else:
+                    AccessLog.error("grpc", "predict", model, model, label, code, message, seconds, rid)
             self.routes.refresh()
         except Exception:  # never the loop's end
             log.exception("folding the native gRPC server's counts failed")
@@ -462,6 +466,8 @@ def _add(bound: Any, count: int, seconds: float, buckets: list[int]) -> None:
     """``count`` requests of ``seconds`` in all, ``buckets`` per latency bucket, into one
     :class:`~server.metrics.RequestMetrics` (prometheus_client's children, added to in bulk)."""
     bound._count.inc(count)
+    if bound._error is not None:
+        bound._error.inc(count)
     latency = bound._latency
     parts = getattr(latency, "_buckets", None)
     if parts is None or len(parts) != len(buckets) or not hasattr(latency, "_sum"):
@@ -528,7 +534,8 @@ class DirectRoutes:
             return
         front = self._front()
         front.publish(lane)
-        self.server.set_route(name, front.capsule(), str(version_number(group.version)), group.version.label)
+        self.server.set_route(name, front.capsule(), str(version_number(group.version)), group.version.label,
+                              plan.batching.batcher.refusal("expired").message)
 
 
 class NativeHealth(Health):

@@ -203,3 +203,40 @@ def test_the_direct_path_follows_the_served_version_and_steps_aside_for_an_updat
         assert processor.model_info()["direct"]["served"] == served + 1
     finally:
         manager.unpin()
+
+
+def test_the_asynchronous_direct_path_answers_as_the_blocking_one(native, handles):
+    """``submit`` (direct_api.h ABI 2, what the native gRPC server calls: completed on the batch
+    thread, no thread waiting) answers what ``serve`` answers, merges concurrent calls, hands back
+    a call whose deadline passed before its batch ran, and takes nothing while the lane is closed."""
+    import time
+
+    _plain, _batched, processor = handles
+    front = processor._direct
+    requests = [codec.encode_request(demo_inputs(1 + k % 3, seed=1300 + k)) for k in range(12)]
+    want = [processor.process(r, direct=False) for r in requests]
+    got: list = [None] * len(requests)
+    before = front.stats()
+
+    def call(k: int) -> None:
+        got[k] = front.submit(requests[k], time.monotonic() + 60)
+    threads = [threading.Thread(target=call, args=(k,)) for k in range(len(requests))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for k, answer in enumerate(got):
+        assert answer is not None, f"call {k} not taken"
+        assert_same_answer((200, answer), want[k], f"call {k}")
+    assert front.stats()["served"] - before["served"] == len(requests)
+    # a deadline already passed: handed back unrun (Python answers DEADLINE_EXCEEDED)
+    assert front.submit(requests[0], time.monotonic() - 1) is None
+    assert front.stats()["not_taken"] == before["not_taken"] + 1
+    with processor.manager.acquire() as live:  # an update in progress: nothing taken
+        lane = live.open_direct_lane()
+        lane.close()
+        try:
+            assert front.submit(requests[1]) is None
+        finally:
+            lane.open()
+    assert_same_answer((200, front.submit(requests[1])), want[1], "after the update")
