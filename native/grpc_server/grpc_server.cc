@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <thread>
 
 namespace spg {
 
@@ -227,35 +228,29 @@ class Reactor final : public grpc::ServerGenericBidiReactor {
     return false;
   }
 
-  // On the batch thread that ran the call's batch (no Python, no GIL): the answer, or the bridge
-  // when the queue handed the call back.
+  // On the batch thread that ran the call's batch (no Python, no GIL): the answer, DEADLINE_EXCEEDED
+  // for a call its queue dropped unrun, or the bridge when the queue handed the call back.
   static void direct_done(void* user, int status, const void* out, int out_size) {
     auto* self = static_cast<Reactor*>(user);
     Server* server = self->server_;
-    if (status == 504) {  // dropped unrun by its queue: as Python answers it
+    std::shared_ptr<Route> route = std::move(self->route_);
+    const auto took = std::chrono::steady_clock::now() - self->started_;
+    server->exit_direct();  // answered or handed on: the drain need not wait for the write
+    if (status == 200) {
+      self->ctx_->AddInitialMetadata("x-model-version", route->version);
       self->ctx_->AddTrailingMetadata("x-request-id", self->rid_);
-      std::shared_ptr<RouteStats> expired = self->route_->expired;
-      server->record(expired, std::chrono::steady_clock::now() - self->started_, std::move(self->rid_));
-      self->route_.reset();
-      server->exit_direct();
-      self->Finish(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, expired->message));
-      return;
-    }
-    if (status != 200) {
-      self->route_.reset();
-      server->exit_direct();
+      grpc::Slice slice(out, size_t(out_size));  // copied: `out` is the queue's
+      self->response_ = grpc::ByteBuffer(&slice, 1);
+      server->count_direct();
+      server->record(route->stats, took, std::move(self->rid_));
+      self->StartWriteAndFinish(&self->response_, grpc::WriteOptions(), grpc::Status::OK);
+    } else if (status == 504) {  // as Python answers it
+      self->ctx_->AddTrailingMetadata("x-request-id", self->rid_);
+      server->record(route->expired, took, std::move(self->rid_));
+      self->Finish(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, route->expired->message));
+    } else {
       self->bridge();  // not taken: Python answers it exactly
-      return;
     }
-    self->ctx_->AddInitialMetadata("x-model-version", self->route_->version);
-    self->ctx_->AddTrailingMetadata("x-request-id", self->rid_);
-    grpc::Slice slice(out, size_t(out_size));  // copied: `out` is the queue's
-    self->response_ = grpc::ByteBuffer(&slice, 1);
-    server->count_direct();
-    server->record(self->route_->stats, std::chrono::steady_clock::now() - self->started_, std::move(self->rid_));
-    self->route_.reset();
-    server->exit_direct();  // answered: the drain need not wait for the write
-    self->StartWriteAndFinish(&self->response_, grpc::WriteOptions(), grpc::Status::OK);
   }
 
   void bridge() {

@@ -11,9 +11,10 @@
 //     which returns at once) right on the gRPC thread, with the call's deadline; the batch thread
 //     that ran the batch completes the call (StartWriteAndFinish), so no thread waits for a batch.
 //     The answer goes back with `x-model-version` (initial metadata) and `x-request-id`
-//     (trailing). Anything the direct path does not take (submit() answers 0, or hands the call
-//     back: a deadline passed before its batch ran, a request its queue cannot merge) continues
-//     on the bridge, so Python answers it exactly, its errors included;
+//     (trailing); a call whose deadline passed before its batch ran is dropped unrun and answered
+//     DEADLINE_EXCEEDED with Python's message. Anything the direct path does not take (submit()
+//     answers 0, or hands the call back: a request its queue cannot merge) continues on the
+//     bridge, so Python answers it exactly, its errors included;
 //   * or bridged: a BridgeCall is posted on the event queue (an eventfd tells Python's event loop)
 //     and Python answers it with BridgeCall::finish (unary) or write() then finish() (server
 //     streaming: the health service's Watch).
@@ -32,12 +33,10 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -148,7 +147,7 @@ class Server {
   bool start(std::string& error);
   // After start(): the port the i-th add_port bound (0: none).
   int bound_port(size_t i) const;
-  // Stop accepting calls, give those in progress until `grace_seconds` (then cancel them),
+  // Stop accepting calls, give those in progress until `grace_seconds` (then cancel them).
   // Blocks until every call is done: bridged ones finish through Python
   // (cancelled at the grace's end); any Python has not finished kShutdownSlack later (its loop
   // gone, a handler ignoring its cancellation) is finished here, UNAVAILABLE. Idempotent.

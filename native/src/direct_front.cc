@@ -35,12 +35,13 @@ void DirectFront::publish(std::shared_ptr<DirectLane> lane) {
   lane_ = std::move(lane);
 }
 
+std::shared_ptr<DirectLane> DirectFront::lane() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return lane_;
+}
+
 int DirectFront::serve(const void* data, size_t size, const std::function<bool(const std::string&)>& take) {
-  std::shared_ptr<DirectLane> lane;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    lane = lane_;
-  }
+  std::shared_ptr<DirectLane> lane = this->lane();
   int status = 0;
   if (lane && size > 0 && lane->enter()) {
     {
@@ -57,11 +58,7 @@ int DirectFront::serve(const void* data, size_t size, const std::function<bool(c
 }
 
 int DirectFront::submit(const void* data, size_t size, double deadline, sp_direct_done done, void* user) {
-  std::shared_ptr<DirectLane> lane;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    lane = lane_;
-  }
+  std::shared_ptr<DirectLane> lane = this->lane();
   if (!lane || size == 0 || !lane->enter()) {
     counters_->not_taken.fetch_add(1, std::memory_order_relaxed);
     return 0;

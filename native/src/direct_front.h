@@ -66,6 +66,7 @@ class DirectFront {
   int64_t not_taken() const { return counters_->not_taken.load(std::memory_order_relaxed); }
 
  private:
+  std::shared_ptr<DirectLane> lane();  // the published one
   struct Counters {
     std::atomic<int64_t> served{0}, not_taken{0};
   };

@@ -319,6 +319,7 @@ NB_MODULE(_native, m) {
            "inputs: [(alias, tensor name, dtype, shape or None, fingerprint)], outputs: "
            "[(alias, tensor name)]");
   sp::py::bind_engine(m);
+  sp::py::bind_direct(m);
   sp::py::bind_store(m);
   sp::py::bind_json(m);
   m.def("decode", &decode, nb::arg("plan"), nb::arg("data"));

@@ -8,11 +8,7 @@
 //   Batcher(plan, engine | runner, budget, ...)       one version's batching queue (batcher.h)
 //   Batcher.submit(data, deadline, notify_fd=-1) -> BatchTicket  queue a request; ticket.wait() its answer
 //   Batcher.stats() / close()
-//   DirectLane(batcher).close() / open()               one version's door for the C ABI's direct path
-//   DirectFront().publish(lane | None) / serve(data) / submit(data, deadline) / capsule() / stats()
-//                                                       a model's current lane
-//                                                       (direct_front.h)
-//   direct_api                                          the C table the C shim calls (direct_api.h)
+//   (the direct path's classes: module_direct.cc)
 //
 // None means "not taken": the caller serves the request through the Python reference path.
 // Every method is thread-safe.
@@ -22,15 +18,12 @@
 
 #include "numpy_api.h"
 
-#include <condition_variable>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <stdexcept>
 #include <utility>
 
 #include "batcher.h"
-#include "direct_front.h"
 #include "module_engine.h"
 #include "ort_engine.h"
 
@@ -108,17 +101,6 @@ void make_engine(PyEngine* self, const std::string& library, const std::string& 
   }
   new (self) PyEngine{std::move(engine), std::move(keep)};
 }
-
-// A read-only view of a bytes-like object for the duration of a call.
-struct Borrowed {
-  Py_buffer view;
-  explicit Borrowed(nb::handle data) {
-    if (PyObject_GetBuffer(data.ptr(), &view, PyBUF_SIMPLE) != 0) throw nb::python_error();
-  }
-  ~Borrowed() { PyBuffer_Release(&view); }
-  const uint8_t* data() const { return static_cast<const uint8_t*>(view.buf); }
-  size_t size() const { return size_t(view.len); }
-};
 
 nb::object as_bytes(const std::string& out) {
   return nb::steal(PyBytes_FromStringAndSize(out.data(), Py_ssize_t(out.size())));
@@ -218,12 +200,6 @@ nb::object engine_run_arrays(const PyEngine& self, int lane, nb::list inputs, co
   }
   return arrays;
 }
-
-// A Batcher and the Python objects it uses (the plan; the engine or the runner callable; the budget).
-struct PyBatcher {
-  std::unique_ptr<sp::Batcher> batcher;
-  nb::object plan, engine, runner, budget;
-};
 
 // A queued request: its ticket and the caller's buffer, held until the ticket is destroyed (the
 // queue keeps views into it; the ticket's deleter waits until it is answered, without the GIL).
@@ -343,37 +319,6 @@ nb::dict batcher_stats(const PyBatcher& self) {
   return d;
 }
 
-// A DirectLane and the Batcher object it is in front of (kept alive with it).
-struct PyDirectLane {
-  std::shared_ptr<sp::DirectLane> lane;
-  nb::object batcher;
-};
-
-struct PyDirectFront {
-  sp::DirectFront front;
-};
-
-void make_lane(PyDirectLane* self, nb::handle batcher) {
-  PyBatcher& b = nb::cast<PyBatcher&>(batcher);
-  new (self) PyDirectLane{std::make_shared<sp::DirectLane>(b.batcher.get()), nb::borrow(batcher)};
-}
-
-// The front's address as a capsule for the C shim, which keeps the front alive by holding it
-// (the capsule's context is a reference to the front's Python object).
-nb::object front_capsule(nb::pointer_and_handle<PyDirectFront> self) {
-  PyObject* capsule = PyCapsule_New(&self.p->front, SP_DIRECT_FRONT_CAPSULE, [](PyObject* c) {
-    Py_XDECREF(static_cast<PyObject*>(PyCapsule_GetContext(c)));
-  });
-  if (capsule == nullptr) throw nb::python_error();
-  Py_INCREF(self.h.ptr());
-  if (PyCapsule_SetContext(capsule, self.h.ptr()) != 0) {
-    Py_DECREF(self.h.ptr());
-    Py_DECREF(capsule);
-    throw nb::python_error();
-  }
-  return nb::steal(capsule);
-}
-
 }  // namespace
 
 void bind_engine(nb::module_& m) {
@@ -421,84 +366,6 @@ void bind_engine(nb::module_& m) {
              self.batcher->close();
            },
            "run what is queued, refuse the rest, stop the threads");
-  nb::class_<PyDirectLane>(m, "DirectLane")
-      .def("__init__", &make_lane, nb::arg("batcher"),
-           "one version's door to its Batcher for the C ABI's direct path (native/src/direct_front.h)")
-      .def("close",
-           [](PyDirectLane& self) {
-             nb::gil_scoped_release nogil;  // the callers inside may wait for a batch that needs the GIL
-             self.lane->close();
-           },
-           "let no direct call in; returns once every call inside has left")
-      .def("open", [](PyDirectLane& self) { self.lane->open(); }, "let direct calls in again");
-  nb::class_<PyDirectFront>(m, "DirectFront")
-      .def(nb::init<>())
-      .def("publish",
-           [](PyDirectFront& self, nb::handle lane) {
-             self.front.publish(lane.is_none() ? nullptr : nb::cast<PyDirectLane&>(lane).lane);
-           },
-           nb::arg("lane").none(), "the lane direct calls take from now on (None: none)")
-      .def("capsule", &front_capsule, "the front for the C shim (a capsule that keeps it alive)")
-      .def("serve",
-           [](PyDirectFront& self, nb::handle data) -> nb::object {
-             Borrowed in(data);
-             std::string response;
-             int status;
-             {
-               nb::gil_scoped_release nogil;  // queued and awaited without Python
-               status = self.front.serve(in.data(), in.size(), [&](const std::string& r) {
-                 response = r;
-                 return true;
-               });
-             }
-             if (status != 200) return nb::none();
-             return nb::bytes(response.data(), response.size());
-           },
-           nb::arg("data"),
-           "serialized PredictRequest bytes on the published lane, without the GIL: the "
-           "PredictResponse bytes, or None: not taken (serve it through Python)")
-      .def("submit",
-           [](PyDirectFront& self, nb::handle data, double deadline) -> nb::object {
-             Borrowed in(data);
-             struct Wait {
-               std::mutex mutex;
-               std::condition_variable cv;
-               bool done = false;
-               int status = 0;
-               std::string response;
-             } wait;
-             {
-               nb::gil_scoped_release nogil;
-               auto done = [](void* user, int status, const void* out, int size) {
-                 auto* w = static_cast<Wait*>(user);
-                 std::lock_guard<std::mutex> lock(w->mutex);
-                 if (status == 200) w->response.assign(static_cast<const char*>(out), size_t(size));
-                 w->status = status;
-                 w->done = true;
-                 w->cv.notify_one();
-               };
-               if (self.front.submit(in.data(), in.size(), deadline, done, &wait) == 1) {
-                 std::unique_lock<std::mutex> lock(wait.mutex);
-                 wait.cv.wait(lock, [&] { return wait.done; });
-               }
-             }
-             if (wait.status == 504) return nb::str("expired");
-             if (wait.status != 200) return nb::none();
-             return nb::bytes(wait.response.data(), wait.response.size());
-           },
-           nb::arg("data"), nb::arg("deadline") = 0.0,
-           "serve() through the asynchronous path (direct_api.h's submit, completed on the batch "
-           "thread), awaited here without the GIL; `deadline`: time.monotonic() seconds (<= 0: "
-           "none). The PredictResponse bytes; 'expired': its deadline passed before its batch ran "
-           "(dropped unrun); None: not taken or handed back (serve it through Python)")
-      .def("stats", [](const PyDirectFront& self) {
-        nb::dict d;
-        d["served"] = self.front.served();
-        d["not_taken"] = self.front.not_taken();
-        return d;
-      }, "direct calls answered, and not taken (served through Python)");
-  m.attr("direct_api") = nb::steal(PyCapsule_New(const_cast<sp_direct_api*>(&sp::kDirectApi),
-                                                 SP_DIRECT_API_CAPSULE, nullptr));
 }
 
 }  // namespace sp::py

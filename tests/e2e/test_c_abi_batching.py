@@ -18,6 +18,7 @@ import gc
 import json
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -209,8 +210,6 @@ def test_the_asynchronous_direct_path_answers_as_the_blocking_one(native, handle
     """``submit`` (direct_api.h ABI 2, what the native gRPC server calls: completed on the batch
     thread, no thread waiting) answers what ``serve`` answers, merges concurrent calls, hands back
     a call whose deadline passed before its batch ran, and takes nothing while the lane is closed."""
-    import time
-
     _plain, _batched, processor = handles
     front = processor._direct
     requests = [codec.encode_request(demo_inputs(1 + k % 3, seed=1300 + k)) for k in range(12)]

@@ -1,4 +1,4 @@
-"""The native gRPC server's bridge, as fast logic (server/grpc/native_server.py): where services
+"""The native gRPC server's bridge, as fast logic (server/grpc/native_bridge.py): where services
 register (:class:`HandlerSet`, what ``grpc.aio.Server`` offers the generated ``add_*_to_server``
 functions) and the call context the Python handlers get (:class:`NativeContext`). (The server
 itself: tests/e2e/test_grpc_native_server.py.)"""
@@ -10,7 +10,7 @@ import asyncio
 import grpc
 import pytest
 
-from server.grpc.native_server import HandlerSet, NativeContext, _Aborted, _Details
+from server.grpc.native_bridge import HandlerSet, NativeContext, _Aborted, _Details
 
 
 class FakeCall:
