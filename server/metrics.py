@@ -5,6 +5,8 @@ Served at ``/metrics`` and at TF Serving's ``/monitoring/prometheus/metrics`` on
 Per request: ``sp_requests`` by final status code (labels ``model``, ``version``, ``protocol``,
 ``api``, ``code``), ``sp_request_errors`` (``model``, ``protocol``, ``api``, ``code``), the latency
 histogram (``model``, ``version``, ``protocol``, ``api``) and the requests in flight (``protocol``).
+The native gRPC server (server/grpc/native_server.py) counts its calls by where they were
+answered: ``sp_grpc_native_calls{path}``, ``direct`` (no Python) or ``bridged``.
 Model updates the server triggers (start, admin reload / rollback / pin): duration histogram and
 failure count. With worker processes (``PROMETHEUS_MULTIPROC_DIR``, set by server/supervisor.py)
 these are written to files and a scrape sums every worker's.
@@ -310,6 +312,9 @@ class ServerMetrics:
                                         ["model", "kind"], buckets=_UPDATE_BUCKETS, registry=r)
         self.update_failures = Counter("sp_model_update_failures", "model loads that failed",
                                        ["model", "kind"], registry=r)
+        self.grpc_native_calls = Counter("sp_grpc_native_calls", "calls the native gRPC server answered on "
+                                         "the direct path (no Python) or bridged to the Python handlers",
+                                         ["path"], registry=r)
         self.tracing_spans = Counter("sp_tracing_spans", "OpenTelemetry spans exported, dropped (the export "
                                      "queue was full) or lost in a failed export", ["outcome"], registry=r)
         # workers > 1 (server/supervisor.py sets PROMETHEUS_MULTIPROC_DIR before a worker starts;

@@ -1,6 +1,8 @@
 // grpc_server.cc -- see grpc_server.h.
 #include "grpc_server.h"
 
+#include "transcode.h"
+
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
 #include <grpcpp/generic/async_generic_service.h>
@@ -22,7 +24,6 @@ namespace spg {
 
 namespace {
 
-constexpr char kPredict[] = "/tensorflow.eas.ProcessorService/Predict";
 constexpr size_t kMaxAccessRecords = 1 << 17;  // beyond, until Python's next fold: not logged
 
 bool sane_request_id(grpc::string_ref id) {  // server/logs.py _VALID_ID
@@ -79,6 +80,11 @@ class CoreServerCredentials final : public grpc::ServerCredentials {
 
 }  // namespace
 
+const char* const kDirectMethods[kDirectApis] = {"/tensorflow.eas.ProcessorService/Predict",
+                                                 "/tensorflow.serving.PredictionService/Predict",
+                                                 "/inference.GRPCInferenceService/ModelInfer"};
+const char* const kDirectApiNames[kDirectApis] = {"predict", "tfs_predict", "v2_infer"};
+
 const char* grpc_version() {
   static const std::string version = grpc::Version();
   return version.c_str();
@@ -103,7 +109,8 @@ class Reactor final : public grpc::ServerGenericBidiReactor {
       Finish(grpc::Status(grpc::StatusCode::INTERNAL, "the call sent no request message"));
       return;
     }
-    if (ctx_->method() == kPredict && try_direct()) return;
+    const int api = server_->direct_api_of(ctx_->method());
+    if (api >= 0 && try_direct(DirectApi(api))) return;
     bridge();
   }
 
@@ -189,26 +196,53 @@ class Reactor final : public grpc::ServerGenericBidiReactor {
     return {joined_.data(), joined_.size()};
   }
 
-  // Our Predict on the direct path (see grpc_server.h); false: bridge it. Once submit() took
-  // the call, the batch thread may complete it (and this reactor be gone) before submit returns.
-  bool try_direct() {
+  // A Predict-like call on the direct path (see grpc_server.h); false: bridge it. Once submit()
+  // took the call, the batch thread may complete it (and this reactor be gone) before submit
+  // returns.
+  bool try_direct(DirectApi which) {
     const sp_direct_api* api = server_->direct_api();
     if (api == nullptr || api->abi < 2 || server_->draining()) return false;
-    grpc::string_ref model, rid;
+    grpc::string_ref named_model, rid;
     bool named = false, has_rid = false;
     for (const auto& [key, value] : ctx_->client_metadata()) {
-      if (key == "model-name" || key == "x-model-name") {
-        if (!named) model = value, named = true;
+      if (key == "x-request-id") {
+        if (!has_rid) rid = value, has_rid = true;
+      } else if (which != kEasPredict) {
+        continue;  // TF Serving and v2 name the model and version in the message
+      } else if (key == "model-name" || key == "x-model-name") {
+        if (!named) named_model = value, named = true;
       } else if (key == "x-model-version" || key == "x-model-label") {
         return false;  // a version named: Python resolves it
-      } else if (key == "x-request-id") {
-        if (!has_rid) rid = value, has_rid = true;
       }
     }
-    std::shared_ptr<Route> route = server_->route_for(str(model));
-    if (!route) return false;
     auto [data, size] = contiguous();
     if (size == 0 || size > 0x7fffffff) return false;  // empty: DeepRec's ping, answered by Python
+    std::shared_ptr<Route> route;
+    const auto* bytes = reinterpret_cast<const uint8_t*>(data);
+    if (which == kEasPredict) {
+      route = server_->route_for(str(named_model));
+    } else if (which == kTfsPredict) {
+      TfsRequest request;
+      if (!tfs_predict_request(bytes, size, request)) return false;
+      route = server_->route_for(request.model);
+      if (!route || (!request.signature.empty() && request.signature != route->signature)) return false;
+      model_ = std::move(request.model);
+      queued_ = std::move(request.eas);
+    } else {
+      V2Request request;
+      if (!v2_infer_request(bytes, size, request)) return false;
+      route = server_->route_for(request.model);
+      if (!route || (!request.version.empty() && request.version != route->version)) return false;
+      model_ = std::move(request.model);
+      id_ = std::move(request.id);
+      queued_ = std::move(request.eas);
+    }
+    if (!route) return false;
+    if (which != kEasPredict) {
+      data = queued_.data();
+      size = queued_.size();
+      if (size > 0x7fffffff) return false;
+    }
     double deadline = 0;  // CLOCK_MONOTONIC seconds (the queue's clock); 0: none
     auto until = ctx_->deadline();
     if (until != std::chrono::system_clock::time_point::max()) {
@@ -221,11 +255,32 @@ class Reactor final : public grpc::ServerGenericBidiReactor {
     rid_ = has_rid && sane_request_id(rid) ? str(rid) : server_->new_request_id();
     if (!server_->enter_direct()) return false;
     route_ = std::move(route);
+    which_ = which;
     void* front = route_->front;
     if (api->submit(front, data, int(size), deadline, &Reactor::direct_done, this) == 1) return true;
     route_.reset();
     server_->exit_direct();
     return false;
+  }
+
+  // The method's response of our PredictResponse `out`; false: a form transcode.h does not write.
+  bool answer(const Route& route, const void* out, int out_size) {
+    const auto* bytes = static_cast<const uint8_t*>(out);
+    std::string body;
+    if (which_ == kEasPredict) {
+      ctx_->AddInitialMetadata("x-model-version", route.version);
+      grpc::Slice slice(out, size_t(out_size));  // copied: `out` is the queue's
+      response_ = grpc::ByteBuffer(&slice, 1);
+      return true;
+    }
+    bool ok = which_ == kTfsPredict
+                  ? tfs_predict_response(bytes, size_t(out_size), model_, route.number, route.signature,
+                                         route.tensor_content, body)
+                  : v2_infer_response(bytes, size_t(out_size), model_, route.version, id_, body);
+    if (!ok) return false;
+    grpc::Slice slice(body);  // copied (a response is small beside its request)
+    response_ = grpc::ByteBuffer(&slice, 1);
+    return true;
   }
 
   // On the batch thread that ran the call's batch (no Python, no GIL): the answer, DEADLINE_EXCEEDED
@@ -236,18 +291,18 @@ class Reactor final : public grpc::ServerGenericBidiReactor {
     std::shared_ptr<Route> route = std::move(self->route_);
     const auto took = std::chrono::steady_clock::now() - self->started_;
     server->exit_direct();  // answered or handed on: the drain need not wait for the write
-    if (status == 200) {
-      self->ctx_->AddInitialMetadata("x-model-version", route->version);
+    // An answer transcode.h cannot write (none the queue's encoder writes today) goes to Python,
+    // which runs the request again and answers it its own way rather than wrongly.
+    if (status == 200 && self->answer(*route, out, out_size)) {
       self->ctx_->AddTrailingMetadata("x-request-id", self->rid_);
-      grpc::Slice slice(out, size_t(out_size));  // copied: `out` is the queue's
-      self->response_ = grpc::ByteBuffer(&slice, 1);
       server->count_direct();
-      server->record(route->stats, took, std::move(self->rid_));
+      server->record(route->stats[self->which_], took, std::move(self->rid_));
       self->StartWriteAndFinish(&self->response_, grpc::WriteOptions(), grpc::Status::OK);
     } else if (status == 504) {  // as Python answers it
       self->ctx_->AddTrailingMetadata("x-request-id", self->rid_);
-      server->record(route->expired, took, std::move(self->rid_));
-      self->Finish(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, route->expired->message));
+      const auto& expired = route->expired[self->which_];
+      server->record(expired, took, std::move(self->rid_));
+      self->Finish(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, expired->message));
     } else {
       self->bridge();  // not taken: Python answers it exactly
     }
@@ -283,6 +338,8 @@ class Reactor final : public grpc::ServerGenericBidiReactor {
   grpc::Slice single_;
   std::string joined_, rid_;
   std::shared_ptr<Route> route_;
+  DirectApi which_ = kEasPredict;
+  std::string queued_, model_, id_;  // TF Serving's and v2's: the request as ours; what the answer names
   std::mutex mutex_;  // call_ and cancelled_: OnCancel runs on any thread
   std::shared_ptr<BridgeCall> call_;
   bool cancelled_ = false;
@@ -475,13 +532,21 @@ std::shared_ptr<Route> Server::route_for(const std::string& model) {
   return it == routes_.end() ? nullptr : it->second;
 }
 
+int Server::direct_api_of(const std::string& method) const {
+  const unsigned mask = direct_methods_.load(std::memory_order_acquire);
+  for (int i = 0; i < kDirectApis; ++i)
+    if ((mask >> i & 1) && method == kDirectMethods[i]) return i;
+  return -1;
+}
+
 std::shared_ptr<RouteStats> Server::stats_of(const std::string& model, const std::string& label,
-                                             const std::string& code, const std::string& message) {
+                                             const std::string& api, const std::string& code,
+                                             const std::string& message) {
   std::lock_guard<std::mutex> lock(stats_mutex_);
-  std::string key = model + '\0' + label + '\0' + code;
+  std::string key = model + '\0' + label + '\0' + api + '\0' + code;
   auto it = stats_.find(key);
   if (it != stats_.end()) return it->second;
-  auto stats = std::make_shared<RouteStats>(model, label, code, message, options_.latency_buckets.size());
+  auto stats = std::make_shared<RouteStats>(model, label, api, code, message, options_.latency_buckets.size());
   stats_.emplace(std::move(key), stats);
   return stats;
 }

@@ -1,24 +1,28 @@
 // grpc_server.h -- the native gRPC server (issue 50): gRPC's C++ library serving the gRPC port,
-// our ProcessorService/Predict answered on the direct path with no Python and no GIL, every other
-// call handed to the Python handlers through one generic bridge.
+// our ProcessorService/Predict, TF Serving's PredictionService/Predict and KServe v2's ModelInfer
+// answered on the direct path with no Python and no GIL, every other call handed to the Python
+// handlers through one generic bridge.
 //
 // Server: a grpc::Server with one CallbackGenericService (raw ByteBuffers, no generated stubs).
 // Each call gets a Reactor; once its request message has arrived it is either
-//   * served on the direct path: `/tensorflow.eas.ProcessorService/Predict` to a model Python has
-//     published a Route for (a batching model whose plan is plain: native/src/direct_front.h),
-//     naming no version or label, while the server is not draining: the request bytes are queued
+//   * served on the direct path: a Predict-like method Python serves (DirectApi) to a model Python
+//     has published a Route for (a batching model whose plan is plain: native/src/direct_front.h),
+//     naming no version or label (TF Serving: no signature but the default; v2: the route's
+//     version or none), while the server is not draining: the request bytes (TF Serving's and
+//     v2's transcoded into ours first: transcode.h, which hands anything uncommon on) are queued
 //     on the model's batching queue through the C table of direct_api.h (its ABI 2 submit(),
 //     which returns at once) right on the gRPC thread, with the call's deadline; the batch thread
 //     that ran the batch completes the call (StartWriteAndFinish), so no thread waits for a batch.
-//     The answer goes back with `x-model-version` (initial metadata) and `x-request-id`
-//     (trailing); a call whose deadline passed before its batch ran is dropped unrun and answered
+//     The answer goes back (transcoded into the method's response) with `x-request-id` (trailing)
+//     and, for ours, `x-model-version` (initial), as Python answers each; a call whose deadline
+//     passed before its batch ran is dropped unrun and answered
 //     DEADLINE_EXCEEDED with Python's message. Anything the direct path does not take (submit()
 //     answers 0, or hands the call back: a request its queue cannot merge) continues on the
 //     bridge, so Python answers it exactly, its errors included;
 //   * or bridged: a BridgeCall is posted on the event queue (an eventfd tells Python's event loop)
 //     and Python answers it with BridgeCall::finish (unary) or write() then finish() (server
 //     streaming: the health service's Watch).
-// The server counts what it answered itself per (model, version) (RouteStats: count, latency
+// The server counts what it answered itself per (model, version, api) (RouteStats: count, latency
 // histogram on Python's buckets) and, when asked, keeps an access record per answer; Python folds
 // both into its metrics and access log.
 //
@@ -61,22 +65,32 @@ struct Options {
   std::vector<double> latency_buckets; // upper bounds (seconds) of the latency histogram
 };
 
-// What one (model, version) answered on the direct path with one status code ("OK", or
-// "DEADLINE_EXCEEDED": dropped by its queue), since the last fold; `message`: the error's.
+// The methods the direct path serves (their metrics' api names: kDirectApiNames).
+enum DirectApi { kEasPredict = 0, kTfsPredict = 1, kV2Infer = 2, kDirectApis = 3 };
+extern const char* const kDirectMethods[kDirectApis];  // "/tensorflow.eas.ProcessorService/Predict", ...
+extern const char* const kDirectApiNames[kDirectApis];  // "predict", "tfs_predict", "v2_infer"
+
+// What one (model, version) answered on the direct path for one api with one status code ("OK",
+// or "DEADLINE_EXCEEDED": dropped by its queue), since the last fold; `message`: the error's.
 struct RouteStats {
-  RouteStats(std::string m, std::string l, std::string c, std::string msg, size_t buckets)
-      : model(std::move(m)), label(std::move(l)), code(std::move(c)), message(std::move(msg)), counts(buckets + 1) {}
-  const std::string model, label, code, message;
+  RouteStats(std::string m, std::string l, std::string a, std::string c, std::string msg, size_t buckets)
+      : model(std::move(m)), label(std::move(l)), api(std::move(a)), code(std::move(c)), message(std::move(msg)),
+        counts(buckets + 1) {}
+  const std::string model, label, api, code, message;
   std::atomic<uint64_t> count{0}, sum_ns{0};
   std::vector<std::atomic<uint64_t>> counts;  // per bucket (not cumulative); the last: +Inf
 };
 
 // One model's direct path as Python published it: a DirectFront (borrowed; `owner` keeps it
-// alive) and the version its lane serves.
+// alive), the version its lane serves and what TF Serving's answers name.
 struct Route {
   void* front = nullptr;
-  std::string version;  // x-model-version
-  std::shared_ptr<RouteStats> stats, expired;  // answered; dropped by the queue (DEADLINE_EXCEEDED)
+  std::string version;    // its number: x-model-version, v2's model_version
+  int64_t number = 0;     // the same, TF Serving's model_spec.version
+  std::string signature;  // the default signature's name (TF Serving's model_spec.signature_name)
+  bool tensor_content = false;  // TF Serving's outputs as tensor_content (the model's config)
+  // per DirectApi: answered; dropped by the queue (DEADLINE_EXCEEDED)
+  std::shared_ptr<RouteStats> stats[kDirectApis], expired[kDirectApis];
   void* owner = nullptr;
   std::function<void(void*)> release;
   ~Route() {
@@ -162,12 +176,16 @@ class Server {
   void set_route(const std::string& model, std::shared_ptr<Route> route);
   // The model a Predict naming none runs on ("": none; Python's rule: the one model served).
   void set_sole_model(const std::string& model);
+  // Which DirectApis may take the direct path (bit i: kDirectMethods[i]): those Python serves.
+  void set_direct_methods(unsigned mask) { direct_methods_.store(mask, std::memory_order_release); }
+  // The DirectApi of a method path that may take the direct path now; -1: none.
+  int direct_api_of(const std::string& method) const;
   void set_draining(bool draining) { draining_.store(draining, std::memory_order_release); }
   void set_access_log(bool on) { access_log_.store(on, std::memory_order_release); }
-  // The stats object of (model, label, code): made once, kept (folded by Python); `message`:
-  // the error's (a code but OK).
-  std::shared_ptr<RouteStats> stats_of(const std::string& model, const std::string& label, const std::string& code,
-                                       const std::string& message);
+  // The stats object of (model, label, api, code): made once, kept (folded by Python);
+  // `message`: the error's (a code but OK).
+  std::shared_ptr<RouteStats> stats_of(const std::string& model, const std::string& label, const std::string& api,
+                                       const std::string& code, const std::string& message);
   std::vector<std::shared_ptr<RouteStats>> all_stats();
   std::vector<AccessRecord> take_access_records();
 
@@ -218,6 +236,7 @@ class Server {
   std::vector<Event> events_;
   int event_fd_ = -1;
   std::atomic<bool> draining_{false}, access_log_{false}, stopped_{false};
+  std::atomic<unsigned> direct_methods_{0};
   std::atomic<int> active_{0}, direct_inflight_{0};
   std::mutex idle_mutex_;
   std::condition_variable idle_;

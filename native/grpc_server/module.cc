@@ -5,12 +5,16 @@
 //     .start() / .bound_ports() / .shutdown(grace)   shutdown blocks without the GIL
 //     .set_tls(tls)                      new material for new handshakes
 //     .set_direct_api(capsule)           processor._native.direct_api (direct_api.h)
-//     .set_route(model, front | None, version, label, expired_message)   a DirectFront capsule:
-//                                        the model's direct path; the DEADLINE_EXCEEDED message of a
-//                                        call its queue dropped
+//     .set_route(model, front | None, version, label, expired_message, signature, tensor_content)
+//                                        a DirectFront capsule: the model's direct path; the
+//                                        DEADLINE_EXCEEDED message of a call its queue dropped; the
+//                                        default signature's name and the model's
+//                                        enable_serialization_as_tensor_content (TF Serving's answers)
+//     .set_direct_methods([path, ...])   the methods that may take the direct path (DIRECT_METHODS)
 //     .set_sole_model(name) / .set_draining(bool) / .set_access_log(bool)
 //     .event_fd / .take()                the bridge's events: [(kind, id, Call | None, ok)]
 //     .fold() / .take_access() / .stats()   what the server answered itself
+//   tfs_request / tfs_response / v2_request / v2_response: transcode.h's functions (for tests)
 //   Call: one bridged call: id, method, peer, request, metadata, deadline_remaining,
 //     write(data, initial), finish(code, details, response | None, initial, trailing), auth_context()
 //
@@ -21,12 +25,14 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "grpc_server.h"
+#include "transcode.h"
 
 namespace nb = nanobind;
 
@@ -150,7 +156,7 @@ nb::list fold(PyServer& self) {
     double sum = double(s->sum_ns.exchange(0, std::memory_order_relaxed)) / 1e9;
     nb::list buckets;
     for (auto& c : s->counts) buckets.append(c.exchange(0, std::memory_order_relaxed));
-    out.append(nb::make_tuple(s->model, s->label, s->code, count, sum, buckets));
+    out.append(nb::make_tuple(s->model, s->label, s->api, s->code, count, sum, buckets));
   }
   return out;
 }
@@ -158,9 +164,38 @@ nb::list fold(PyServer& self) {
 nb::list take_access(PyServer& self) {
   nb::list out;
   for (auto& r : self.server->take_access_records())
-    out.append(nb::make_tuple(r.stats->model, r.stats->label, r.stats->code, r.stats->message, r.seconds,
-                              r.request_id));
+    out.append(nb::make_tuple(r.stats->model, r.stats->label, r.stats->api, r.stats->code, r.stats->message,
+                              r.seconds, r.request_id));
   return out;
+}
+
+const uint8_t* data_of(const nb::bytes& b) { return reinterpret_cast<const uint8_t*>(b.c_str()); }
+
+nb::object maybe_bytes(bool ok, const std::string& s) {
+  return ok ? nb::object(nb::bytes(s.data(), s.size())) : nb::none();
+}
+
+void bind_transcoders(nb::module_& m) {
+  m.def("tfs_request", [](nb::bytes data) -> nb::object {
+    spg::TfsRequest r;
+    if (!spg::tfs_predict_request(data_of(data), data.size(), r)) return nb::none();
+    return nb::make_tuple(r.model, r.signature, nb::bytes(r.eas.data(), r.eas.size()));
+  }, "(model, signature, our PredictRequest) of a TF Serving PredictRequest; None: not taken");
+  m.def("tfs_response", [](nb::bytes eas, const std::string& model, int64_t version, const std::string& signature,
+                           bool tensor_content) {
+    std::string out;
+    bool ok = spg::tfs_predict_response(data_of(eas), eas.size(), model, version, signature, tensor_content, out);
+    return maybe_bytes(ok, out);
+  });
+  m.def("v2_request", [](nb::bytes data) -> nb::object {
+    spg::V2Request r;
+    if (!spg::v2_infer_request(data_of(data), data.size(), r)) return nb::none();
+    return nb::make_tuple(r.model, r.version, r.id, nb::bytes(r.eas.data(), r.eas.size()));
+  }, "(model, version, id, our PredictRequest) of a ModelInferRequest; None: not taken");
+  m.def("v2_response", [](nb::bytes eas, const std::string& model, const std::string& version, const std::string& id) {
+    std::string out;
+    return maybe_bytes(spg::v2_infer_response(data_of(eas), eas.size(), model, version, id, out), out);
+  });
 }
 
 }  // namespace
@@ -171,6 +206,10 @@ NB_MODULE(_native_grpc, m) {
   m.attr("WRITE_DONE") = int(spg::Event::kWriteDone);
   m.attr("CANCEL") = int(spg::Event::kCancel);
   m.attr("GRPC_VERSION") = spg::grpc_version();
+  nb::list methods;
+  for (const char* path : spg::kDirectMethods) methods.append(path);
+  m.attr("DIRECT_METHODS") = nb::tuple(methods);
+  bind_transcoders(m);
 
   nb::class_<spg::BridgeCall>(m, "Call")
       .def_ro("id", &spg::BridgeCall::id)
@@ -273,7 +312,8 @@ NB_MODULE(_native_grpc, m) {
            })
       .def("set_route",
            [](PyServer& self, const std::string& model, nb::handle front, const std::string& version,
-              const std::string& label, const std::string& expired_message) {
+              const std::string& label, const std::string& expired_message, const std::string& signature,
+              bool tensor_content) {
              release_garbage();
              if (front.is_none()) {
                self.server->set_route(model, nullptr);
@@ -284,8 +324,14 @@ NB_MODULE(_native_grpc, m) {
              auto route = std::make_shared<spg::Route>();
              route->front = p;
              route->version = version;
-             route->stats = self.server->stats_of(model, label, "OK", "");
-             route->expired = self.server->stats_of(model, label, "DEADLINE_EXCEEDED", expired_message);
+             route->number = std::strtoll(version.c_str(), nullptr, 10);
+             route->signature = signature;
+             route->tensor_content = tensor_content;
+             for (int i = 0; i < spg::kDirectApis; ++i) {
+               const char* api = spg::kDirectApiNames[i];
+               route->stats[i] = self.server->stats_of(model, label, api, "OK", "");
+               route->expired[i] = self.server->stats_of(model, label, api, "DEADLINE_EXCEEDED", expired_message);
+             }
              Py_INCREF(front.ptr());
              route->owner = front.ptr();
              route->release = &release_later;
@@ -293,7 +339,15 @@ NB_MODULE(_native_grpc, m) {
              release_garbage();
            },
            nb::arg("model"), nb::arg("front").none(), nb::arg("version"), nb::arg("label"),
-           nb::arg("expired_message") = "")
+           nb::arg("expired_message") = "", nb::arg("signature") = "", nb::arg("tensor_content") = false)
+      .def("set_direct_methods",
+           [](PyServer& self, const std::vector<std::string>& paths) {
+             unsigned mask = 0;
+             for (const auto& path : paths)
+               for (int i = 0; i < spg::kDirectApis; ++i)
+                 if (path == spg::kDirectMethods[i]) mask |= 1u << i;
+             self.server->set_direct_methods(mask);
+           })
       .def("set_sole_model", [](PyServer& self, const std::string& m) { self.server->set_sole_model(m); })
       .def("set_draining", [](PyServer& self, bool d) { self.server->set_draining(d); })
       .def("set_access_log", [](PyServer& self, bool on) { self.server->set_access_log(on); })

@@ -1,7 +1,9 @@
 """Our own gRPC protocol: ``tensorflow.eas.ProcessorService/Predict`` (``protos/processor_service.proto``).
 
 Our ``PredictRequest`` / ``PredictResponse``; the model is named by the ``model-name`` request
-metadata (optional when one model is served). Bytes go straight to ``DataPlane.predict``. An
+metadata (optional when one model is served; ``x-model-name`` is read when ``model-name`` is not
+sent: ``model-name`` wins whatever the order, as on the native server, whose metadata map keeps no
+order between keys). Bytes go straight to ``DataPlane.predict``. An
 empty request message is DeepRec's introspection ping, as an empty HTTP body and the C ABI's
 empty ``process()`` are: the answer is the signature as JSON bytes (not a ``PredictResponse``;
 read it with a raw-bytes call, e.g. ``channel.unary_unary(path)``), with the trailing metadata
@@ -24,16 +26,16 @@ from processor.errors import InvalidArgument
 from processor.request import PredictCall, parse_version
 
 from ..deadline import from_grpc
-from ..grpc.interceptor import Method, Service, metadata, metadata_values
+from ..grpc.interceptor import Method, Service, metadata_values
 from ..logs import request_id_var
 from ..runtime import ServingRuntime
 from . import PROCESSOR_SERVICE
 
-MODEL_NAME_KEYS = ("model-name", "x-model-name")
-# ProcessorService/Predict's request metadata, read in one scan: the model, the version (digits)
-# or label to run on, the routing key (see the module doc)
-_PREDICT_METADATA = {**dict.fromkeys(MODEL_NAME_KEYS, 0), "x-model-version": 1, "x-model-label": 2,
+# ProcessorService/Predict's request metadata, read in one scan: the model (model-name, else
+# x-model-name), the version (digits) or label to run on, the routing key (see the module doc)
+_PREDICT_METADATA = {"model-name": 0, "x-model-name": 4, "x-model-version": 1, "x-model-label": 2,
                      "x-routing-key": 3}
+_MODEL_METADATA = {"model-name": 0, "x-model-name": 1}
 
 
 class ProcessorService:
@@ -44,7 +46,8 @@ class ProcessorService:
 
     def model_of(self, data: bytes, context: grpc.aio.ServicerContext) -> str:
         """The model the ``model-name`` metadata names; with one model served, that one; else ""."""
-        return self._model(metadata(context, MODEL_NAME_KEYS))
+        named, alias = metadata_values(context, _MODEL_METADATA, 2)
+        return self._model(alias if named is None else named)
 
     def _model(self, named: str | None) -> str:
         """The model ``named`` (the metadata's value), else the one model served, else ""."""
@@ -56,8 +59,8 @@ class ProcessorService:
     async def predict(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """One Predict (see the module doc): the version it names, or its routing key's arm."""
         rt = self.rt
-        named, version, label, key = metadata_values(context, _PREDICT_METADATA, 4)
-        model = self._model(named)
+        named, version, label, key, alias = metadata_values(context, _PREDICT_METADATA, 5)
+        model = self._model(alias if named is None else named)
         if not model:
             raise InvalidArgument(f"name the model in the 'model-name' request metadata; "
                                   f"serving {sorted(rt.dataplane.model_names)}")

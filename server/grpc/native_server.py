@@ -1,29 +1,37 @@
 """The native gRPC server (issue 50, ``grpc_server: "native"``): gRPC's C++ library serves the
-gRPC port; our ``tensorflow.eas.ProcessorService/Predict`` runs on the direct path with no Python
-and no GIL where it can, and every other call reaches the same Python handlers as on the Python
-server through one generic bridge.
+gRPC port; our ``tensorflow.eas.ProcessorService/Predict``, TF Serving's
+``PredictionService/Predict`` and KServe v2's ``ModelInfer`` run on the direct path with no
+Python and no GIL where they can, and every other call reaches the same Python handlers as on the
+Python server through one generic bridge.
 
 The native part is ``server.grpc._native_grpc`` (``native/grpc_server/``, built by
 scripts/build_native.sh when gRPC's C++ library, Debian's ``libgrpc++-dev``, is installed). Its
 server runs one ``CallbackGenericService``: raw request bytes, no generated stubs. For each call:
 
-* **The direct path**: our Predict to a model that batches on the native engine and whose plan is
-  plain (:attr:`~processor.dataplane.plan.Plan.plain`: no timeline, prediction log, shadow or
-  traffic split), naming no version or label (``x-model-version`` / ``x-model-label``), with a
-  request that is not the empty introspection ping, while the server is not draining and
+* **The direct path**: a Predict (of a protocol the deployment serves) to a model that batches on
+  the native engine and whose plan is plain (:attr:`~processor.dataplane.plan.Plan.plain`: no
+  timeline, prediction log, shadow or traffic split), naming no version or label (ours:
+  ``x-model-version`` / ``x-model-label``; TF Serving: ``model_spec.version`` /
+  ``version_label``, and a signature other than the default; v2: a ``model_version`` other than
+  the served one), with a request that is not the empty introspection ping (TF Serving's and v2's
+  of the plain form, ``native/grpc_server/transcode.h``, transcoded into ours: raw or typed
+  tensors, raw v2 contents, no parameters), while the server is not draining and
   OpenTelemetry tracing is off: the gRPC thread queues the request bytes, with the call's
   deadline, on the model's default version's batching queue through the C table the C ABI's shim
   uses (``native/src/direct_api.h``, its asynchronous ``submit``), and the batch thread that ran
   the batch sends the answer (no thread waits for a batch; a call whose deadline passed before
   its batch ran is dropped unrun and answered DEADLINE_EXCEEDED with the queue's message, counted
-  in the metrics and access log); the answer goes back with ``x-model-version`` (initial metadata) and
-  ``x-request-id`` (trailing; the client's when sane, else a new one). :class:`DirectRoutes`
+  in the metrics and access log); the answer goes back (TF Serving's and v2's transcoded from ours
+  as their Python handlers write them: the default signature's name, the model's
+  ``enable_serialization_as_tensor_content``, the request's ``id``) with ``x-request-id``
+  (trailing; the client's when sane, else a new one) and, for ours, ``x-model-version`` (initial). :class:`DirectRoutes`
   publishes each model's route, one ``DirectFront`` per published default version (so the version
   an answer names is the one that ran it), following the DataPlane's plans. Whatever the direct
   path does not take (a full queue, a lane closed for an update, a request the queue hands back)
   continues on the bridge, so Python answers it exactly, errors included.
-* **The bridge**: everything else (our Predict otherwise, TF Serving's PredictionService and
-  ModelService, KServe v2, the health service, TensorFlow's profiler forward): the call's bytes,
+* **The bridge**: everything else (the Predicts otherwise, TF Serving's Classify, Regress,
+  metadata and ModelService, KServe v2's other methods, the health service, TensorFlow's profiler
+  forward): the call's bytes,
   metadata, peer and deadline are posted to this server's event loop (an eventfd), which runs the
   method's handler exactly as the Python server does: through the same
   :class:`~server.grpc.interceptor.EdgeInterceptor` (request id, parsing, drain gate, metrics,
@@ -32,8 +40,8 @@ server runs one ``CallbackGenericService``: raw request bytes, no generated stub
   served; a method whose requests stream (none is registered today) is UNIMPLEMENTED, saying so.
 
 What the direct path answered is counted natively and folded into the server's metrics (the same
-``sp_requests`` / ``sp_request_latency_seconds`` series, protocol ``grpc``, api ``predict``) and
-access log every :data:`FOLD_SECONDS`; the in-flight gauge counts bridged calls only.
+``sp_requests`` / ``sp_request_latency_seconds`` series, protocol ``grpc``) and access log every :data:`FOLD_SECONDS` (api ``predict``, ``tfs_predict``, ``v2_infer``), with
+``sp_grpc_native_calls{path}`` (direct, bridged); the in-flight gauge counts bridged calls only.
 
 Limits as on the Python server (:func:`~server.grpc.server.grpc_options`: message and metadata
 sizes, streams per connection, ``SO_REUSEPORT`` with workers, the deployment's
@@ -119,6 +127,9 @@ class NativeGrpcServer:
         self._started = False
         self._fold_task: concurrent.futures.Future | None = None
         self.draining_since: float | None = None  # time.monotonic() when the drain began
+        self._counted = {"direct": 0, "bridged": 0}  # native.stats() folded into the metrics so far
+        # the direct path takes only methods this server serves (a protocol turned off stays off)
+        self.native.set_direct_methods([path for path in native.DIRECT_METHODS if path in methods])
         self.routes = DirectRoutes(rt, self.native)
         self.native.set_access_log(bool(dep.access_log and dep.access_log_sample_rate > 0))
         self.run(self._watch())
@@ -316,13 +327,18 @@ class NativeGrpcServer:
     def _fold(self) -> None:
         rt = self.rt
         try:
-            for model, label, code, count, seconds, buckets in self.native.fold():
-                _add(rt.metrics.request(model, label, "grpc", "predict", code), count, seconds, buckets)
-            for model, label, code, message, seconds, rid in self.native.take_access():
+            for model, label, api, code, count, seconds, buckets in self.native.fold():
+                _add(rt.metrics.request(model, label, "grpc", api, code), count, seconds, buckets)
+            for model, label, api, code, message, seconds, rid in self.native.take_access():
                 if code == "OK":
-                    rt.access_log.ok("grpc", "predict", model, label, seconds, rid)
+                    rt.access_log.ok("grpc", api, model, label, seconds, rid)
                 else:
-                    AccessLog.error("grpc", "predict", model, model, label, code, message, seconds, rid)
+                    AccessLog.error("grpc", api, model, model, label, code, message, seconds, rid)
+            counts = self.native.stats()
+            for path, seen in self._counted.items():
+                if counts[path] > seen:
+                    rt.metrics.grpc_native_calls.labels(path).inc(counts[path] - seen)
+                    self._counted[path] = counts[path]
             self.routes.refresh()
         except Exception:  # never the loop's end
             log.exception("folding the native gRPC server's counts failed")
@@ -406,7 +422,8 @@ class DirectRoutes:
         front = self._front()
         front.publish(lane)
         self.server.set_route(name, front.capsule(), str(version_number(group.version)), group.version.label,
-                              plan.batching.batcher.refusal("expired").message)
+                              plan.batching.batcher.refusal("expired").message, group.signature.name,
+                              bool(self.rt.model(name).config.enable_serialization_as_tensor_content))
 
 
 class NativeHealth(Health):

@@ -6,9 +6,13 @@ model, no TensorFlow needed) but the ``grpc_server`` key.
   direct path (the server reports how many calls it answered natively when it stops) and answers
   what the Python server answers, byte for byte, with the same ``x-model-version``; concurrent
   calls are merged into batches; SIGTERM lets the calls waiting for their batch finish;
-* through the bridge: our Predict on a model without batching, TF Serving's ``Predict`` (its
-  official stubs), KServe v2 ``ModelInfer`` (tritonclient), the health service (``Check`` and the
-  streaming ``Watch``);
+* TF Serving's ``Predict`` (its official stubs; raw and typed tensors) and KServe v2
+  ``ModelInfer`` (tritonclient) on that model take the direct path too (the server's
+  ``sp_grpc_native_calls{path="direct"}`` counts them) and answer what the Python server answers;
+  ``model-name`` wins over ``x-model-name`` on both servers;
+* through the bridge: our Predict on a model without batching, TF Serving's and v2's calls to it
+  or naming a version or another signature, the health service (``Check`` and the streaming
+  ``Watch``);
 * errors as the Python server gives them: an unknown model's NOT_FOUND with the status table's
   message, a passed deadline, a message over ``max_request_bytes``, random bytes on every method
   (no crash, no status outside the table).
@@ -177,27 +181,80 @@ def test_predict_without_batching_and_the_ping_go_through_the_bridge(channels):
 
 # --- the bridge: other protocols ------------------------------------------------------------------
 
-def test_tf_serving_predict_through_the_bridge(channels):
+def direct_calls(proc) -> float:
+    """The native server's calls answered on the direct path so far (its metrics, folded every
+    half second)."""
+    import urllib.request
+
+    with urllib.request.urlopen(proc.http + "/metrics", timeout=10) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith('sp_grpc_native_calls_total{path="direct"}'):
+                return float(line.split()[-1])
+    return 0.0
+
+
+def wait_direct(proc, at_least: float) -> float:
+    deadline = time.monotonic() + 10
+    while (n := direct_calls(proc)) < at_least and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return n
+
+
+def tfs_request(model: str, batch: int, content: bool = True, **spec):
+    from tensorflow_serving.apis import predict_pb2
+
+    from server.tfserving.tensor_proto import from_numpy
+
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = model
+    for key, value in spec.items():
+        if key == "version":
+            request.model_spec.version.value = value
+        else:
+            setattr(request.model_spec, key, value)
+    for key, array in feeds(batch, seed=batch).items():
+        from_numpy(array, request.inputs[key], tensor_content=content)
+    return request
+
+
+@pytest.mark.parametrize("content", [True, False], ids=["tensor_content", "typed"])
+def test_tf_serving_predict_on_the_direct_path_answers_as_the_python_server(servers, channels, content):
     pytest.importorskip("tensorflow_serving", reason="tensorflow-serving-api is installed by scripts/setup.sh")
-    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+    from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-    from server.tfserving.tensor_proto import from_numpy, to_numpy
+    from server.tfserving.tensor_proto import to_numpy
 
+    before = direct_calls(servers["native"])
     answers = {}
     for name, channel in channels.items():
-        for model in ("b", "p"):
-            request = predict_pb2.PredictRequest()
-            request.model_spec.name = model
-            for key, array in feeds(4).items():
-                from_numpy(array, request.inputs[key], tensor_content=True)
-            response = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=30)
-            answers[name, model] = to_numpy("prob", response.outputs["prob"])
-    for model in ("b", "p"):
-        np.testing.assert_allclose(answers["native", model], answers["python", model], rtol=1e-6)
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        for model in ("b", "p"):  # b: the direct path (no deadline, and with one); p: the bridge
+            for timeout in (None, 30):
+                response, call = stub.Predict.with_call(tfs_request(model, 4, content), timeout=timeout)
+                assert dict(call.trailing_metadata())["x-request-id"]
+                answers[name, model, timeout] = response
+    for key, response in answers.items():
+        reference = answers[("python", *key[1:])]
+        assert response.model_spec == reference.model_spec, key
+        assert set(response.outputs) == set(reference.outputs) == {"prob"}
+        got, want = response.outputs["prob"], reference.outputs["prob"]
+        assert (got.dtype, got.tensor_shape) == (want.dtype, want.tensor_shape)
+        assert not got.tensor_content and not want.tensor_content  # typed: the model's default
+        np.testing.assert_allclose(to_numpy("prob", got), to_numpy("prob", want), rtol=1e-5, atol=1e-6)
+    assert wait_direct(servers["native"], before + 2) >= before + 2  # b's two calls, natively
+    # a version, a signature other than the default: Python resolves them, as it answers them
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(channels["native"])
+    version = answers["native", "b", None].model_spec.version.value
+    assert stub.Predict(tfs_request("b", 2, version=version), timeout=30).model_spec.version.value == version
+    for name, channel in channels.items():
+        err = rpc_error(prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict,
+                        tfs_request("b", 2, signature_name="nope"), timeout=30)
+        assert err.code() == grpc.StatusCode.FAILED_PRECONDITION, (name, err)
 
 
-def test_kserve_v2_model_infer_through_the_bridge(servers):
+def test_kserve_v2_model_infer_on_the_direct_path_answers_as_the_python_server(servers):
     tgrpc = pytest.importorskip("tritonclient.grpc", reason="tritonclient is a dev dependency (scripts/setup.sh)")
+    before = direct_calls(servers["native"])
     answers = {}
     for name, proc in servers.items():
         client = tgrpc.InferenceServerClient(proc.grpc_target)
@@ -207,9 +264,28 @@ def test_kserve_v2_model_infer_through_the_bridge(servers):
             tensor = tgrpc.InferInput(key, list(array.shape), "FP32" if array.dtype == np.float32 else "INT64")
             tensor.set_data_from_numpy(array)
             inputs.append(tensor)
-        answers[name] = client.infer("b", inputs).as_numpy("prob")
+        for model in ("b", "p"):
+            result = client.infer(model, inputs, request_id="r-7", outputs=[tgrpc.InferRequestedOutput("prob")])
+            response = result.get_response()
+            answers[name, model] = (response.model_name, response.model_version, response.id,
+                                    [(o.name, o.datatype, list(o.shape)) for o in response.outputs],
+                                    result.as_numpy("prob"))
         client.close()
-    np.testing.assert_allclose(answers["native"], answers["python"], rtol=1e-6)
+    for (name, model), answer in answers.items():
+        reference = answers["python", model]
+        assert answer[:4] == reference[:4] and answer[0] == model and answer[2] == "r-7", (name, model)
+        np.testing.assert_allclose(answer[4], reference[4], rtol=1e-5, atol=1e-6)
+    assert wait_direct(servers["native"], before + 1) >= before + 1
+
+
+def test_model_name_wins_over_x_model_name_on_both_servers(channels):
+    body = codec.encode_request(feeds(1))
+    for name, channel in channels.items():
+        predict = channel.unary_unary(PREDICT)
+        assert predict(body, metadata=[("x-model-name", "nope"), ("model-name", "b")], timeout=30), name
+        err = rpc_error(predict, body, metadata=[("x-model-name", "b"), ("model-name", "nope")], timeout=30)
+        assert err.code() == grpc.StatusCode.NOT_FOUND, (name, err)
+        assert predict(body, metadata=[("x-model-name", "b")])  # alone, it names the model
 
 
 def test_health_check_and_watch_through_the_bridge(channels):
@@ -361,6 +437,84 @@ def test_random_bytes_on_every_method(servers, channels):
                 assert codes[0] == codes[1], (method, body[:40], codes)
     servers["native"]._check_alive()
     assert channels["native"].unary_unary(PREDICT)(good, metadata=[("model-name", "b")], timeout=30)
+
+
+TFS_PREDICT = "/tensorflow.serving.PredictionService/Predict"
+MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+
+
+def decoded(method: str, data: bytes) -> tuple[object, dict[str, np.ndarray]]:
+    """A Predict-like answer: what it names beside its outputs, and the outputs."""
+    if method == PREDICT:
+        return None, codec.decode_response(data)
+    if method == TFS_PREDICT:
+        from tensorflow_serving.apis import predict_pb2
+
+        from server.tfserving.tensor_proto import to_numpy
+
+        response = predict_pb2.PredictResponse.FromString(data)
+        return response.model_spec, {k: to_numpy(k, v) for k, v in response.outputs.items()}
+    from processor.proto import grpc_predict_v2_pb2 as v2
+
+    from server.kserve import open_inference as oip
+
+    response = v2.ModelInferResponse.FromString(data)
+    meta = (response.model_name, response.model_version, response.id,
+            [(o.name, o.datatype, list(o.shape)) for o in response.outputs])
+    return meta, {o.name: np.frombuffer(raw, oip.DATATYPES[o.datatype]).reshape(o.shape)
+                  for o, raw in zip(response.outputs, response.raw_output_contents)}
+
+
+def _mutated(data: bytes, rng: random.Random) -> bytes:
+    b = bytearray(data)
+    for _ in range(rng.randint(1, 3)):
+        at = rng.randrange(len(b))
+        kind = rng.random()
+        if kind < 0.6:
+            b[at] = rng.randrange(256)
+        elif kind < 0.8:
+            del b[at:at + rng.randint(1, 6)]
+        else:
+            b[at:at] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 4)))
+    return bytes(b)
+
+
+def test_mutated_requests_on_the_direct_paths_methods(servers, channels):
+    """Valid requests to the direct path's model with a few bytes changed: whatever the direct
+    path takes or hands on, the native server answers with Python's status code (one of the
+    table's), and an answer that runs holds what Python's holds."""
+    pytest.importorskip("tensorflow_serving", reason="tensorflow-serving-api is installed by scripts/setup.sh")
+    from processor.proto import grpc_predict_v2_pb2 as v2
+
+    from server.kserve import open_inference as oip
+
+    seeds = [(PREDICT, codec.encode_request(feeds(3)), (("model-name", "b"),)),
+             (TFS_PREDICT, tfs_request("b", 3).SerializeToString(), ()),
+             (TFS_PREDICT, tfs_request("b", 3, content=False).SerializeToString(), ())]
+    infer = v2.ModelInferRequest(model_name="b", id="f")
+    for key, array in feeds(3).items():
+        infer.inputs.add(name=key, datatype=oip.datatype_of(array), shape=array.shape)
+        infer.raw_input_contents.append(oip.raw_bytes(array))
+    seeds.append((MODEL_INFER, infer.SerializeToString(), ()))
+    rng = random.Random(51)
+    for method, seed, metadata in seeds:
+        ours, reference = channels["native"].unary_unary(method), channels["python"].unary_unary(method)
+        for _ in range(40):
+            body = _mutated(seed, rng)
+            outcome = []
+            for fn in (ours, reference):
+                try:
+                    outcome.append((grpc.StatusCode.OK, fn(body, metadata=metadata)))
+                except grpc.RpcError as err:
+                    outcome.append((err.code(), err.details()))
+            (code, got), (want_code, want) = outcome
+            assert code in TABLE_CODES and code == want_code, (method, body[:60], outcome)
+            if code == grpc.StatusCode.OK:
+                (meta, arrays), (want_meta, want_arrays) = decoded(method, got), decoded(method, want)
+                assert meta == want_meta and arrays.keys() == want_arrays.keys(), (method, body[:60])
+                for key, array in want_arrays.items():
+                    np.testing.assert_allclose(arrays[key], array, rtol=1e-5, atol=1e-6, equal_nan=True)
+    servers["native"]._check_alive()
 
 
 def test_sigterm_drains_the_direct_paths_calls(dlrm, tmp_path):
