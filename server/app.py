@@ -64,6 +64,11 @@ class ServingApp:
         # the models load (or fail) before the ports open: a worker's rule, and TF Serving's
         # (tensorflow_model_server, server/tfserving/cli.py)
         self.load_first = load_first or worker
+        from .grpc.native_server import grpc_server_kind
+
+        # before any model loads (TensorFlow); ConfigError naming grpc_server when "native" cannot serve
+        self.grpc_server = grpc_server_kind(deployment.grpc_server, deployment.grpc_port is not None
+                                            or deployment.grpc_socket_path is not None, deployment.grpc_tls_on)
         self.runtime = ServingRuntime(deployment, models)
         self.ports_file = Path(ports_file) if ports_file else None
         self.announce = announce or (lambda line: print(line, flush=True))
@@ -78,11 +83,6 @@ class ServingApp:
             from .tls import TlsCertificates
 
             self.tls = TlsCertificates(deployment)
-        if deployment.grpc_server == "native" and (deployment.grpc_port is not None
-                                                   or deployment.grpc_socket_path is not None):
-            from .grpc.native_server import native_module
-
-            native_module()  # ConfigError naming grpc_server when the native server is not built
         self._grpc = None
         self._health = None
         self._uvicorns: list = []
@@ -127,7 +127,7 @@ class ServingApp:
             if self.runtime.admin_journal is not None:  # serve what the other workers serve
                 await loop.run_in_executor(None, self.runtime.admin_journal.start)
         if dep.grpc_port is not None or dep.grpc_socket_path is not None:
-            if dep.grpc_server == "native":  # gRPC's C++ library (server/grpc/native_server.py)
+            if self.grpc_server == "native":  # gRPC's C++ library (server/grpc/native_server.py)
                 from .grpc.native_server import create_native_grpc_server as create_grpc_server
             else:
                 from .grpc.server import create_grpc_server
@@ -176,7 +176,7 @@ class ServingApp:
         object per listener: each keeps its own state of the certificate reloads)."""
         if not self.deployment.grpc_tls_on:
             return None
-        if self.deployment.grpc_server == "native":  # it reads the checked material (and its reloads)
+        if self.grpc_server == "native":  # it reads the checked material (and its reloads)
             return self.tls
         from .tls import grpc_server_credentials
 

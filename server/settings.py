@@ -112,10 +112,11 @@ class DeploymentConfig(BaseModel):
     # None disables a transport; 0 picks a free port (reported at start)
     http_port: int | None = Field(DEFAULT_HTTP_PORT, ge=0, le=65535)
     grpc_port: int | None = Field(DEFAULT_GRPC_PORT, ge=0, le=65535)
-    # what serves the gRPC port: "python" (grpcio's grpc.aio server) or "native" (gRPC's C++
-    # library: our Predict on batching models without Python, the rest bridged to the same
-    # handlers; needs server/grpc/_native_grpc, built with libgrpc++-dev; server/grpc/native_server.py)
-    grpc_server: Literal["python", "native"] = "python"
+    # what serves the gRPC port: "native" (gRPC's C++ library: the Predicts on batching models
+    # without Python, the rest bridged to the same handlers; needs server/grpc/_native_grpc, built
+    # with libgrpc++-dev; server/grpc/native_server.py), "python" (grpcio's grpc.aio server), or
+    # "auto": native where it is built, else python
+    grpc_server: Literal["auto", "python", "native"] = "auto"
     # largest request body (HTTP) / message (gRPC) accepted: 413 / RESOURCE_EXHAUSTED above it
     max_request_bytes: int = Field(DEFAULT_MAX_REQUEST_BYTES, ge=1024, le=2**31 - 1)
     # admin endpoints need this token when one is set; prefer admin_token_env (the name of an

@@ -15,6 +15,23 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
+def _native_grpc_first() -> None:
+    """Load the native gRPC server (where it is built) before any test loads TensorFlow, as
+    ``python -m server`` does: its gRPC library binds its OpenSSL calls when it is loaded
+    (server/grpc/native_server.py native_module), and the in-process servers of the tests serve
+    TLS with it."""
+    from processor.errors import ConfigError
+    from server.grpc.native_server import native_module
+
+    try:
+        native_module()
+    except ConfigError:  # not built: the Python gRPC server serves
+        pass
+
+
+_native_grpc_first()
+
+
 @pytest.fixture(autouse=True, scope="session")
 def onnx_cache(tmp_path_factory):
     """One ONNX conversion cache for the test session, never the user's ~/.cache."""

@@ -87,10 +87,10 @@ def versions_answered(responses: Sequence[np.ndarray], references: Sequence[np.n
 
 
 @contextlib.contextmanager
-def native_grpc_servers():
-    """Within the block, every ``ServerProcess`` started serves gRPC with the native server
-    (``grpc_server: "native"``, issue 50): for a module of server tests run again against it
-    (a module-scoped autouse fixture, set up before the module's ``server`` fixture)."""
+def grpc_servers(kind: str):
+    """Within the block, every ``ServerProcess`` started serves gRPC with the ``kind`` server
+    (``grpc_server: "python"`` or ``"native"``, issue 50): for a module of server tests run again
+    against it (a module-scoped autouse fixture, set up before the module's ``server`` fixture)."""
     import pytest
 
     from tools.server_process import ServerProcess
@@ -98,16 +98,17 @@ def native_grpc_servers():
     patch = pytest.MonkeyPatch()
     start = ServerProcess.start
 
-    def native_start(self, *args, **kwargs):
-        self.deployment = {**self.deployment, "grpc_server": "native"}
+    def start_with(self, *args, **kwargs):
+        self.deployment = {**self.deployment, "grpc_server": kind}
         return start(self, *args, **kwargs)
-    patch.setattr(ServerProcess, "start", native_start)
+    patch.setattr(ServerProcess, "start", start_with)
     try:
         yield
     finally:
         patch.undo()
 
 
-def assert_served_natively(server) -> None:
-    """The server's log says the native gRPC server served its gRPC port."""
-    assert '"native gRPC server (gRPC ' in server.log(), server.log()[-2000:]
+def assert_grpc_served_by(server, kind: str) -> None:
+    """The server's log says the ``kind`` ("python" or "native") gRPC server served its gRPC port."""
+    line = '"native gRPC server (gRPC ' if kind == "native" else '"Python gRPC server (grpcio '
+    assert line in server.log(), server.log()[-2000:]

@@ -56,6 +56,7 @@ import asyncio
 import concurrent.futures
 import logging
 import socket
+import sys
 import threading
 import time
 from collections.abc import Coroutine, Sequence
@@ -83,8 +84,35 @@ _STREAMING_REQUESTS = ("streaming requests are not served by the native gRPC ser
                        "\"native\"); grpc_server: \"python\" serves them")
 
 
-def native_module() -> Any:
-    """``server.grpc._native_grpc``; ConfigError naming the key when it is not built."""
+def grpc_server_kind(choice: str, serves_grpc: bool = True, tls: bool = False) -> str:
+    """What serves the gRPC port for the deployment's ``grpc_server`` ``choice``: "native" or
+    "python" ("auto": native where it can serve). Call it before any model is loaded: it loads the
+    native server, whose gRPC library must bind its OpenSSL calls before TensorFlow is loaded (see
+    :func:`native_module`). ConfigError naming the key for "native" when it cannot serve."""
+    if choice == "python" or not serves_grpc:
+        return choice if choice != "auto" else "python"
+    try:
+        native_module(tls)
+    except ConfigError as exc:
+        if choice == "native":
+            raise
+        log.info('grpc_server "auto": the Python gRPC server serves gRPC (%s)', exc.message.split(" (")[0])
+        return "python"
+    return "native"
+
+
+_after_tensorflow: bool | None = None  # the native server was first loaded after TensorFlow
+
+
+def native_module(tls: bool = False) -> Any:
+    """``server.grpc._native_grpc``; ConfigError naming the key when it is not built, or, for
+    ``tls``, when it was first loaded after TensorFlow: TensorFlow's library exports its bundled
+    BoringSSL's symbols process-wide, and gRPC's library (Debian's, built on OpenSSL) then binds
+    its OpenSSL calls to them and crashes when it makes its first TLS context. Loaded first
+    (``python -m server`` loads it before any model), it binds them to OpenSSL for good."""
+    global _after_tensorflow
+    if _after_tensorflow is None:
+        _after_tensorflow = _tensorflow_loaded()
     try:
         from . import _native_grpc
     except ImportError as exc:
@@ -92,7 +120,20 @@ def native_module() -> Any:
             f'{KEY}: "native" needs the native gRPC server, server/grpc/_native_grpc, which is not built '
             f"for this Python ({exc}); install gRPC's C++ library (Debian: apt-get install libgrpc++-dev; "
             f'scripts/setup.sh does) and run scripts/build_native.sh, or set {KEY}: "python"') from None
+    if tls and _after_tensorflow:
+        raise ConfigError(
+            f'{KEY}: "native" with TLS needs the native gRPC server loaded before TensorFlow (this process '
+            f"loaded TensorFlow first, whose BoringSSL symbols gRPC's OpenSSL calls would reach); start the "
+            f'server with python -m server, which loads it first, or set {KEY}: "python"')
     return _native_grpc
+
+
+def _tensorflow_loaded() -> bool:
+    try:
+        with open("/proc/self/maps", encoding="ascii", errors="replace") as maps:
+            return any("libtensorflow_framework" in line for line in maps)
+    except OSError:  # no /proc: judge by the module
+        return "tensorflow" in sys.modules
 
 
 class NativeGrpcServer:

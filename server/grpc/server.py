@@ -126,6 +126,7 @@ class GrpcServer:
                 options=grpc_options(dep),
                 maximum_concurrent_rpcs=dep.grpc_max_concurrent_rpcs)
         self.server = self.run(create())
+        self._listeners: list[str] = []
 
     def submit(self, coro: Coroutine) -> concurrent.futures.Future:
         """Run ``coro`` on the server's loop; its future."""
@@ -155,10 +156,12 @@ class GrpcServer:
             raise OSError(f"cannot bind the gRPC {what}: {exc}") from None
         if bound == 0:
             raise OSError(f"cannot bind the gRPC {what}")
+        self._listeners.append(address)
         return bound
 
     def start(self) -> None:
         self.run(self.server.start())
+        log.info("Python gRPC server (grpcio %s) on %s", grpc.__version__, ", ".join(self._listeners))
 
     def stop(self, grace: float | None, timeout: float = 10.0) -> None:
         """Stop accepting calls, give those in progress ``grace`` seconds (None: cancel them
