@@ -68,7 +68,8 @@ class ServingApp:
 
         # before any model loads (TensorFlow); ConfigError naming grpc_server when "native" cannot serve
         self.grpc_server = grpc_server_kind(deployment.grpc_server, deployment.grpc_port is not None
-                                            or deployment.grpc_socket_path is not None, deployment.grpc_tls_on)
+                                            or deployment.grpc_socket_path is not None, deployment.grpc_tls_on,
+                                            capped="max_connections" in deployment.model_fields_set)
         self.runtime = ServingRuntime(deployment, models)
         self.ports_file = Path(ports_file) if ports_file else None
         self.announce = announce or (lambda line: print(line, flush=True))

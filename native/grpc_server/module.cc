@@ -309,7 +309,8 @@ NB_MODULE(_native_grpc, m) {
                                         ", this server needs 2 or later");
              self.api_capsule = nb::borrow(capsule);
              self.server->set_direct_api(api);
-           })
+           },
+           nb::arg("capsule").none())
       .def("set_route",
            [](PyServer& self, const std::string& model, nb::handle front, const std::string& version,
               const std::string& label, const std::string& expired_message, const std::string& signature,

@@ -84,13 +84,22 @@ _STREAMING_REQUESTS = ("streaming requests are not served by the native gRPC ser
                        "\"native\"); grpc_server: \"python\" serves them")
 
 
-def grpc_server_kind(choice: str, serves_grpc: bool = True, tls: bool = False) -> str:
+def grpc_server_kind(choice: str, serves_grpc: bool = True, tls: bool = False, capped: bool = False) -> str:
     """What serves the gRPC port for the deployment's ``grpc_server`` ``choice``: "native" or
-    "python" ("auto": native where it can serve). Call it before any model is loaded: it loads the
-    native server, whose gRPC library must bind its OpenSSL calls before TensorFlow is loaded (see
+    "python" ("auto": native where it can serve). ``capped``: the deployment sets
+    ``max_connections``, which only the Python server enforces (gRPC 1.51's C++ server has no cap
+    on connections), so "auto" picks it. Call it before any model is loaded: it loads the native
+    server, whose gRPC library must bind its OpenSSL calls before TensorFlow is loaded (see
     :func:`native_module`). ConfigError naming the key for "native" when it cannot serve."""
     if choice == "python" or not serves_grpc:
         return choice if choice != "auto" else "python"
+    if capped:
+        if choice == "native":
+            raise ConfigError(
+                f'{KEY}: "native" cannot enforce max_connections (the C++ server of gRPC 1.51 has no cap on '
+                f'connections); leave max_connections unset, or set {KEY}: "python", which enforces it')
+        log.info('grpc_server "auto": the Python gRPC server serves gRPC (it enforces max_connections)')
+        return "python"
     try:
         native_module(tls)
     except ConfigError as exc:

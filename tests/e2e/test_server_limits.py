@@ -205,6 +205,7 @@ def _grpc_ping(port: int, timeout: float = 3.0) -> bytes:
 
 def test_grpc_connections_beyond_the_cap_are_refused():
     with serving(max_connections=2) as (app, _):
+        assert app.grpc_server == "python"  # the server that enforces a cap ("auto" with max_connections)
         opened = []
         try:
             for _ in range(2):

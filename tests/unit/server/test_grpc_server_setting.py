@@ -1,6 +1,7 @@
 """The ``grpc_server`` deployment key (issue 50): "auto" (the default: native where it is built,
 else python), "python" or "native", validated strictly; "native" without the native server built
-is a start-up ConfigError naming the key.
+is a start-up ConfigError naming the key, as is "native" with ``max_connections`` set (which
+"auto" answers with the Python server).
 (The servers themselves: tests/e2e/test_grpc_native_server.py.)"""
 
 from __future__ import annotations
@@ -33,6 +34,24 @@ def test_auto_picks_the_native_server_where_it_is_built():
         app = ServingApp(deployment(grpc_server=choice))
         assert app.grpc_server == kind, choice
         app.runtime.close()
+
+
+def test_a_connection_cap_is_served_by_the_python_server_or_refused_for_native():
+    """Only the Python server enforces max_connections (gRPC 1.51's C++ server has no cap): a
+    deployment that sets it gets the Python server for "auto" and a ConfigError naming the key for
+    "native", never a cap silently not kept."""
+    pytest.importorskip("server.grpc._native_grpc", reason="the native gRPC server is not built")
+    from server.app import ServingApp
+
+    app = ServingApp(deployment(max_connections=100))
+    assert app.grpc_server == "python"
+    app.runtime.close()
+    with pytest.raises(ConfigError) as info:
+        ServingApp(deployment(grpc_server="native", max_connections=100))
+    assert info.value.message.startswith("grpc_server") and "max_connections" in info.value.message
+    app = ServingApp(deployment(grpc_server="native", max_connections=100, grpc_port=None))  # no gRPC port
+    assert app.grpc_server == "native"
+    app.runtime.close()
 
 
 @pytest.mark.parametrize("value", ["Native", "c++", "", True, 1, None])
