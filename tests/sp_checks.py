@@ -108,6 +108,35 @@ def grpc_servers(kind: str):
         patch.undo()
 
 
+def python_grpc_rerun():
+    """What a module that runs another module's server tests again against the Python gRPC server
+    imports (``from sp_checks import python_grpc_server, test_the_python_server_served_these_calls``):
+    the autouse fixture that makes its ``ServerProcess`` serve gRPC with it, and the test that the
+    log says so."""
+    import pytest
+
+    @pytest.fixture(scope="module", autouse=True)
+    def python_grpc_server():
+        with grpc_servers("python"):
+            yield
+
+    def test_the_python_server_served_these_calls(server):
+        assert_grpc_served_by(server, "python")
+
+    return python_grpc_server, test_the_python_server_served_these_calls
+
+
+def set_model_spec(spec, name: str, **keys) -> None:
+    """Fill a TF Serving ``ModelSpec``: ``name``, and ``keys``: ``version`` (the Int64Value's
+    value) or another of its fields (``version_label``, ``signature_name``)."""
+    spec.name = name
+    for key, value in keys.items():
+        if key == "version":
+            spec.version.value = value
+        else:
+            setattr(spec, key, value)
+
+
 def assert_grpc_served_by(server, kind: str) -> None:
     """The server's log says the ``kind`` ("python" or "native") gRPC server served its gRPC port."""
     line = '"native gRPC server (gRPC ' if kind == "native" else '"Python gRPC server (grpcio '

@@ -47,7 +47,8 @@ Limits as on the Python server (:func:`~server.grpc.server.grpc_options`: messag
 sizes, streams per connection, ``SO_REUSEPORT`` with workers, the deployment's
 ``grpc_channel_arguments``), ``grpc_max_concurrent_rpcs`` (RESOURCE_EXHAUSTED beyond it), TLS and
 mTLS through gRPC's SSL server credentials with a certificate fetcher (new handshakes get the
-material server/tls.py reloads). Not yet: ``max_connections`` (gRPC 1.51 has no such argument).
+material server/tls.py reloads). Not ``max_connections`` (gRPC 1.51 has no such argument): a
+deployment that sets it is served by the Python server (:func:`grpc_server_kind`).
 """
 
 from __future__ import annotations

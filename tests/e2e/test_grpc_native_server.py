@@ -32,6 +32,7 @@ import pytest
 
 from processor import codec
 from processor.errors import STATUS_TABLE
+from sp_checks import set_model_spec
 
 pytest.importorskip("server.grpc._native_grpc", reason="the native gRPC server is not built (libgrpc++-dev missing; "
                                                        "scripts/build_native.sh says so)")
@@ -206,12 +207,7 @@ def tfs_request(model: str, batch: int, content: bool = True, **spec):
     from server.tfserving.tensor_proto import from_numpy
 
     request = predict_pb2.PredictRequest()
-    request.model_spec.name = model
-    for key, value in spec.items():
-        if key == "version":
-            request.model_spec.version.value = value
-        else:
-            setattr(request.model_spec, key, value)
+    set_model_spec(request.model_spec, model, **spec)
     for key, array in feeds(batch, seed=batch).items():
         from_numpy(array, request.inputs[key], tensor_content=content)
     return request

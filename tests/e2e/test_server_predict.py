@@ -20,7 +20,7 @@ import pytest
 
 from conftest import model_config
 from processor import codec
-from sp_checks import assert_outputs_close
+from sp_checks import assert_outputs_close, set_model_spec
 
 ADMIN_TOKEN = "test-admin-token"
 LIMIT = 1 << 20  # max_request_bytes
@@ -142,12 +142,7 @@ def tfs_request(name: str, inputs, **spec):
     from tensorflow_serving.apis import predict_pb2
 
     request = predict_pb2.PredictRequest()
-    request.model_spec.name = name
-    for key, value in spec.items():
-        if key == "version":
-            request.model_spec.version.value = value
-        else:
-            setattr(request.model_spec, key, value)
+    set_model_spec(request.model_spec, name, **spec)
     for key, array in inputs.items():
         request.inputs[key].CopyFrom(tf.make_tensor_proto(array))
     return request

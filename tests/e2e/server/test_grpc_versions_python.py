@@ -5,17 +5,7 @@ default, the native server, whose bridge takes every call here: the model does n
 
 from __future__ import annotations
 
-import pytest
-
 import sp_checks
 from test_grpc_versions import *  # noqa: F401,F403 - the module's tests and fixtures, run here again
 
-
-@pytest.fixture(scope="module", autouse=True)
-def python_grpc_server():
-    with sp_checks.grpc_servers("python"):
-        yield
-
-
-def test_the_python_server_served_these_calls(server):
-    sp_checks.assert_grpc_served_by(server, "python")
+python_grpc_server, test_the_python_server_served_these_calls = sp_checks.python_grpc_rerun()

@@ -18,6 +18,7 @@ from processor.proto import predict_pb2
 from processor.signature import TensorSpec
 from server.kserve import grpc_service as v2_service
 from server.kserve import open_inference as oip
+from sp_checks import set_model_spec
 
 native = pytest.importorskip("server.grpc._native_grpc", reason="the native gRPC server is not built "
                              "(gRPC's C++ library, libgrpc++-dev, missing)")
@@ -64,12 +65,7 @@ def _same(a: np.ndarray, b: np.ndarray) -> None:
 def _tfs_request(inputs: dict[str, np.ndarray], content: bool, **spec):
     m = messages()
     request = m.PredictRequest()
-    request.model_spec.name = spec.pop("name", "m")
-    for key, value in spec.items():
-        if key == "version":
-            request.model_spec.version.value = value
-        else:
-            setattr(request.model_spec, key, value)
+    set_model_spec(request.model_spec, spec.pop("name", "m"), **spec)
     for key, array in inputs.items():
         tensor_proto.from_numpy(array, request.inputs[key], content)
     return request
