@@ -29,8 +29,9 @@ the servers (and ``process()``'s threads) and the load generators on cores of th
 ``--grpc-server native`` (issue 50) adds the native gRPC server (``grpc_server: "native"``): two
 more servers of the same model with batching on (:data:`NATIVE_BATCHING`, so our Predict takes
 the native direct path), one on the Python gRPC server and one on the native one, loaded at
-batch 1 and 256 (gRPC ours; on the native one TF Serving gRPC and v2 gRPC too, through its
-bridge), and issue 50's targets in the report. ``--grpc-server native-only`` leaves every other
+batch 1 and 256 (gRPC ours; on the native one TF Serving gRPC and v2 gRPC too, on its direct
+path), the native one again with ``cpu_scheduling: "batch"`` (SCHED_BATCH, gRPC ours), and
+issue 50's targets in the report. ``--grpc-server native-only`` leaves every other
 server and row out (the limit and the gRPC floors stay).
 
     .venv/bin/python -m benchmarks.bench_edges [--seconds 5] [--rounds 3] [--skip-batching] [--out-dir DIR]
@@ -69,6 +70,7 @@ GRPC_EDGES = ("gRPC ours", "TF Serving gRPC", "v2 gRPC")
 NATIVE_BATCHING = {"max_batch_size": 1024, "batch_timeout_micros": 0, "num_batch_threads": 2,
                    "max_enqueued_batches": 1000}
 NATIVE = "ours, batching, gRPC native"
+NATIVE_SCHED_BATCH = "ours, batching, gRPC native, cpu_scheduling batch"
 NATIVE_PYTHON = "ours, batching, gRPC python"
 PROTOBUF = "application/x-protobuf"
 
@@ -248,7 +250,10 @@ def bench(args) -> dict:
         if args.grpc_server != "python":  # issue 50: our Predict on the native direct path
             batching = {**config, "batching": NATIVE_BATCHING}
             servers += [(NATIVE_PYTHON, batching, {"grpc_server": "python"}, ("gRPC ours",), BATCHES),
-                        (NATIVE, batching, {"grpc_server": "native"}, GRPC_EDGES, BATCHES)]
+                        (NATIVE, batching, {"grpc_server": "native"}, GRPC_EDGES, BATCHES),
+                        # SCHED_BATCH (server/cpu_policy.py): a network read does not preempt a batch
+                        (NATIVE_SCHED_BATCH, batching, {"grpc_server": "native", "cpu_scheduling": "batch"},
+                         ("gRPC ours",), BATCHES)]
         for label, model_config_, keys, edges, batches in servers:
             http_port, grpc_port = free_port(), free_port()
             if args.workers > 1:
@@ -422,6 +427,10 @@ def report(result: dict) -> str:
         target("batch 1: native / Python gRPC server (both batching)",
                ratio(native1, find(NATIVE_PYTHON, "gRPC ours", 1)), 1.0)
         target("batch 256: native gRPC ours / process()", ratio(find(NATIVE, "gRPC ours", 256), limit[256]), 0.85)
+        target("batch 256: the same, cpu_scheduling batch",
+               ratio(find(NATIVE_SCHED_BATCH, "gRPC ours", 256), limit[256]), 0.85)
+        target("batch 1: native gRPC server CPU us/request, cpu_scheduling batch",
+               median(find(NATIVE_SCHED_BATCH, "gRPC ours", 1), "cpu_us_per_request"), 60, more=False)
         for edge in ("TF Serving gRPC", "v2 gRPC"):
             target(f"batch 256: native {edge} / native gRPC ours",
                    ratio(find(NATIVE, edge, 256), find(NATIVE, "gRPC ours", 256)), 0.9)

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from processor.served_model import ModelRegistry
 
-from . import eas, kserve, tfserving
+from . import cpu_policy, eas, kserve, tfserving
 from .protocols import Protocol
 from .runtime import ServingRuntime
 from .settings import DeploymentConfig
@@ -65,6 +65,9 @@ class ServingApp:
         # (tensorflow_model_server, server/tfserving/cli.py)
         self.load_first = load_first or worker
         from .grpc.native_server import grpc_server_kind
+
+        # before the server starts a thread: they inherit it
+        cpu_policy.apply(deployment.cpu_scheduling)
 
         # before any model loads (TensorFlow); ConfigError naming grpc_server when "native" cannot serve
         self.grpc_server = grpc_server_kind(deployment.grpc_server, deployment.grpc_port is not None

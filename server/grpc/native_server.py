@@ -266,6 +266,7 @@ class NativeGrpcServer:
             log.info("native gRPC server stopped: %d calls answered natively, %d bridged", counts["direct"],
                      counts["bridged"])
         finally:
+            self.loop.call_soon_threadsafe(self.loop.remove_reader, self.native.event_fd)
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(timeout)
 

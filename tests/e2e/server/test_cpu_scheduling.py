@@ -1,0 +1,59 @@
+"""``cpu_scheduling: "batch"`` (server/cpu_policy.py) with a real server process: every thread it
+runs (the engine's pools and batch threads, the gRPC and HTTP servers' threads, made before and
+after the models load) is under Linux's SCHED_BATCH, and it answers as before."""
+
+from __future__ import annotations
+
+import os
+import sys
+import urllib.request
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from demo import dlrm_onnx
+from processor import codec
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_BATCH is Linux's")
+
+SCHED_BATCH = 3  # linux/sched.h
+
+
+def policies(pid: int) -> dict[str, int]:
+    """Each thread's scheduling policy (field 41 of /proc/<pid>/task/<tid>/stat), by tid and name."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:  # ended since the listing
+            continue
+        name, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        out[f"{task.name} {name}"] = int(fields[38])  # fields[0] is field 3 (state)
+    return out
+
+
+def test_every_thread_of_the_server_runs_sched_batch(tmp_path):
+    from tools.server_process import ServerProcess
+
+    dlrm_onnx.build(tmp_path / "dlrm" / "model.onnx", rows=500, dim=8)
+    deployment = {"models": [{"name": "dlrm", "model_config": {
+        "savedmodel_dir": str(tmp_path / "dlrm"), "backend": "onnxruntime", "session_num": 2,
+        "use_per_session_threads": True, "intra_op_parallelism_threads": 2,
+        "batching": {"max_batch_size": 16, "batch_timeout_micros": 0, "num_batch_threads": 2}}}],
+        "cpu_scheduling": "batch", "access_log": False}
+    with ServerProcess(deployment, tmp_path / "server").start(timeout=120) as server:
+        feeds = dlrm_onnx.inputs(3, seed=2)
+        body = codec.encode_request(feeds)
+        request = urllib.request.Request(f"{server.http}/api/predict/dlrm", data=body, method="POST")
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            over_http = codec.decode_response(resp.read())["prob"]
+        with grpc.insecure_channel(server.grpc_target) as channel:
+            answer = channel.unary_unary("/tensorflow.eas.ProcessorService/Predict")(
+                body, metadata=(("model-name", "dlrm"),), timeout=30)
+        np.testing.assert_allclose(codec.decode_response(answer)["prob"], over_http, rtol=1e-5, atol=1e-6)
+        seen = policies(server.proc.pid)
+        assert len(seen) > 4, seen  # the engine's and the servers' threads are there
+        assert all(policy == SCHED_BATCH for policy in seen.values()), seen
+    assert os.sched_getscheduler(0) != SCHED_BATCH  # the test's own process is left as it was
