@@ -105,8 +105,8 @@ class Reactor final : public grpc::ServerGenericBidiReactor {
   }
 
   void OnReadDone(bool ok) override {
-    if (!ok) {  // cancelled, or the client closed without a message
-      Finish(grpc::Status(grpc::StatusCode::INTERNAL, "the call sent no request message"));
+    if (!ok) {  // cancelled, or the client closed without a (whole) message: its error, not ours
+      Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the call sent no request message"));
       return;
     }
     const int api = server_->direct_api_of(ctx_->method());
