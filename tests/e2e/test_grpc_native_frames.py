@@ -35,7 +35,7 @@ from hpack import Decoder  # noqa: E402
 from hyperframe.exceptions import InvalidFrameError  # noqa: E402
 from hyperframe.frame import Frame, GoAwayFrame, HeadersFrame, RstStreamFrame  # noqa: E402
 
-from test_grpc_native_server import PREDICT, TABLE_CODES, deployment, dlrm, feeds, servers  # noqa: E402,F401
+from test_grpc_native_server import PREDICT, TABLE_CODES, deployment, dlrm, feeds, mutated, servers  # noqa: E402,F401
 
 CODES = {code.value[0]: code for code in grpc.StatusCode}
 # ours (the status table), a method nobody serves, and the answer to a stream the client reset
@@ -165,18 +165,7 @@ def cases() -> list[tuple[str, bytes]]:
         ("a broken preface", b"PRI * HTTP/1.1\r\n\r\n" + plain[preface:]),
     ]
     rng = random.Random(50)
-    for i in range(40):
-        data = bytearray(plain)
-        for _ in range(rng.randint(1, 4)):
-            at = rng.randrange(preface, len(data))
-            kind = rng.random()
-            if kind < 0.6:
-                data[at] = rng.randrange(256)
-            elif kind < 0.8:
-                del data[at:at + rng.randint(1, 9)]
-            else:
-                data[at:at] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 9)))
-        made.append((f"mutated {i}", bytes(data)))
+    made += [(f"mutated {i}", mutated(plain, rng, edits=4, run=9, start=preface)) for i in range(40)]
     return made
 
 

@@ -461,17 +461,19 @@ def decoded(method: str, data: bytes) -> tuple[object, dict[str, np.ndarray]]:
                   for o, raw in zip(response.outputs, response.raw_output_contents)}
 
 
-def _mutated(data: bytes, rng: random.Random) -> bytes:
+def mutated(data: bytes, rng: random.Random, *, edits: int = 3, run: int = 6, start: int = 0) -> bytes:
+    """``data`` with 1 to ``edits`` random edits past ``start``: a byte changed, up to ``run``
+    bytes cut, or up to ``run`` random bytes inserted."""
     b = bytearray(data)
-    for _ in range(rng.randint(1, 3)):
-        at = rng.randrange(len(b))
+    for _ in range(rng.randint(1, edits)):
+        at = rng.randrange(start, len(b))
         kind = rng.random()
         if kind < 0.6:
             b[at] = rng.randrange(256)
         elif kind < 0.8:
-            del b[at:at + rng.randint(1, 6)]
+            del b[at:at + rng.randint(1, run)]
         else:
-            b[at:at] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 4)))
+            b[at:at] = bytes(rng.randrange(256) for _ in range(rng.randint(1, run)))
     return bytes(b)
 
 
@@ -496,7 +498,7 @@ def test_mutated_requests_on_the_direct_paths_methods(servers, channels):
     for method, seed, metadata in seeds:
         ours, reference = channels["native"].unary_unary(method), channels["python"].unary_unary(method)
         for _ in range(40):
-            body = _mutated(seed, rng)
+            body = mutated(seed, rng)
             outcome = []
             for fn in (ours, reference):
                 try:
