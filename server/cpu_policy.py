@@ -37,8 +37,7 @@ def apply(policy: str) -> None:
         raise ConfigError(f'{KEY}: "batch" needs Linux\'s SCHED_BATCH, which this system has not; '
                           f'set {KEY}: "other"')
     try:
-        os.sched_setscheduler(0, batch, os.sched_param(0))  # this thread: what it starts inherits it
-        for task in Path("/proc/self/task").iterdir():
+        for task in Path("/proc/self/task").iterdir():  # this thread among them: what it starts inherits it
             try:
                 os.sched_setscheduler(int(task.name), batch, os.sched_param(0))
             except ProcessLookupError:  # the thread ended since the listing

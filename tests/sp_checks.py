@@ -18,6 +18,17 @@ import numpy as np
 FLOAT_RTOL, FLOAT_ATOL = 1e-5, 1e-6
 
 
+# a model_config the deployment's validation accepts; nothing reads it (config tests only)
+TOY_MODEL = {"savedmodel_dir": "/models/toy/savedmodel"}
+
+
+def toy_deployment(**top):
+    """A ``DeploymentConfig`` of one model, "toy", and the top-level keys ``top``."""
+    from server.settings import DeploymentConfig
+
+    return DeploymentConfig.from_dict({"models": [{"name": "toy", "model_config": dict(TOY_MODEL)}], **top})
+
+
 def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
     """Poll ``predicate`` until it holds or ``timeout`` seconds passed; its last value."""
     deadline = time.monotonic() + timeout
@@ -109,10 +120,10 @@ def grpc_servers(kind: str):
 
 
 def python_grpc_rerun():
-    """What a module that runs another module's server tests again against the Python gRPC server
-    imports (``from sp_checks import python_grpc_server, test_the_python_server_served_these_calls``):
-    the autouse fixture that makes its ``ServerProcess`` serve gRPC with it, and the test that the
-    log says so."""
+    """For a module that runs another module's server tests again against the Python gRPC server
+    (``python_grpc_server, test_the_python_server_served_these_calls = sp_checks.python_grpc_rerun()``
+    at its top level): the autouse fixture that makes its ``ServerProcess`` serve gRPC with it, and
+    the test that the log says so."""
     import pytest
 
     @pytest.fixture(scope="module", autouse=True)

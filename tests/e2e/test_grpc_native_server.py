@@ -14,13 +14,12 @@ model, no TensorFlow needed) but the ``grpc_server`` key.
   or naming a version or another signature, the health service (``Check`` and the streaming
   ``Watch``);
 * errors as the Python server gives them: an unknown model's NOT_FOUND with the status table's
-  message, a passed deadline, a message over ``max_request_bytes``, random bytes on every method
-  (no crash, no status outside the table).
+  message, a passed deadline, a message over ``max_request_bytes``. (Fuzzed messages and frames
+  against both: tests/e2e/test_grpc_native_fuzz.py.)
 """
 
 from __future__ import annotations
 
-import random
 import re
 import socket
 import threading
@@ -393,126 +392,6 @@ def test_a_message_over_max_request_bytes_is_refused(channels):
     for channel in channels.values():
         err = rpc_error(channel.unary_unary(PREDICT), body, metadata=[("model-name", "b")], timeout=30)
         assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-
-
-# methods (and the metadata they are called with) fuzzed with random bytes; admin methods are not
-# (their UNAUTHENTICATED / PERMISSION_DENIED comes from the admin gate, not the table)
-FUZZED = [(PREDICT, (("model-name", "b"),)), (PREDICT, (("model-name", "p"),)), (PREDICT, ()),
-          ("/tensorflow.serving.PredictionService/Predict", ()),
-          ("/tensorflow.serving.PredictionService/GetModelMetadata", ()),
-          ("/tensorflow.serving.PredictionService/Classify", ()),
-          ("/tensorflow.serving.ModelService/GetModelStatus", ()),
-          ("/inference.GRPCInferenceService/ModelInfer", ()),
-          ("/inference.GRPCInferenceService/ModelMetadata", ()),
-          ("/inference.GRPCInferenceService/ModelReady", ()),
-          ("/grpc.health.v1.Health/Check", ())]
-
-
-def test_random_bytes_on_every_method(servers, channels):
-    rng = random.Random(50)
-    bodies = [bytes(rng.getrandbits(8) for _ in range(rng.choice([1, 7, 64, 700, 5000]))) for _ in range(12)]
-    good = codec.encode_request(feeds(2))
-    bodies += [good[:n] for n in (1, 5, len(good) // 2, len(good) - 1)]  # cut messages
-    bodies += [good[:10] + b"\xff" * 8 + good[18:]]
-    for method, metadata in FUZZED:
-        call = channels["native"].unary_unary(method)
-        reference = channels["python"].unary_unary(method)
-        for body in bodies:
-            codes = []
-            for fn in (call, reference):
-                try:
-                    fn(body, metadata=metadata)  # no deadline: "b" tries the direct path first
-                    codes.append(grpc.StatusCode.OK)
-                except grpc.RpcError as err:
-                    codes.append(err.code())
-                    details = err.details()
-            assert codes[0] in TABLE_CODES, (method, body[:40], codes[0], details)
-            if codes[1] == grpc.StatusCode.UNKNOWN:  # grpcio's answer to bytes the health service cannot parse
-                assert codes[0] == grpc.StatusCode.INVALID_ARGUMENT, (method, body[:40], codes)
-            else:
-                assert codes[0] == codes[1], (method, body[:40], codes)
-    servers["native"]._check_alive()
-    assert channels["native"].unary_unary(PREDICT)(good, metadata=[("model-name", "b")], timeout=30)
-
-
-TFS_PREDICT = "/tensorflow.serving.PredictionService/Predict"
-MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
-
-
-def decoded(method: str, data: bytes) -> tuple[object, dict[str, np.ndarray]]:
-    """A Predict-like answer: what it names beside its outputs, and the outputs."""
-    if method == PREDICT:
-        return None, codec.decode_response(data)
-    if method == TFS_PREDICT:
-        from tensorflow_serving.apis import predict_pb2
-
-        from server.tfserving.tensor_proto import to_numpy
-
-        response = predict_pb2.PredictResponse.FromString(data)
-        return response.model_spec, {k: to_numpy(k, v) for k, v in response.outputs.items()}
-    from processor.proto import grpc_predict_v2_pb2 as v2
-
-    from server.kserve import open_inference as oip
-
-    response = v2.ModelInferResponse.FromString(data)
-    meta = (response.model_name, response.model_version, response.id,
-            [(o.name, o.datatype, list(o.shape)) for o in response.outputs])
-    return meta, {o.name: np.frombuffer(raw, oip.DATATYPES[o.datatype]).reshape(o.shape)
-                  for o, raw in zip(response.outputs, response.raw_output_contents)}
-
-
-def mutated(data: bytes, rng: random.Random, *, edits: int = 3, run: int = 6, start: int = 0) -> bytes:
-    """``data`` with 1 to ``edits`` random edits past ``start``: a byte changed, up to ``run``
-    bytes cut, or up to ``run`` random bytes inserted."""
-    b = bytearray(data)
-    for _ in range(rng.randint(1, edits)):
-        at = rng.randrange(start, len(b))
-        kind = rng.random()
-        if kind < 0.6:
-            b[at] = rng.randrange(256)
-        elif kind < 0.8:
-            del b[at:at + rng.randint(1, run)]
-        else:
-            b[at:at] = bytes(rng.randrange(256) for _ in range(rng.randint(1, run)))
-    return bytes(b)
-
-
-def test_mutated_requests_on_the_direct_paths_methods(servers, channels):
-    """Valid requests to the direct path's model with a few bytes changed: whatever the direct
-    path takes or hands on, the native server answers with Python's status code (one of the
-    table's), and an answer that runs holds what Python's holds."""
-    pytest.importorskip("tensorflow_serving", reason="tensorflow-serving-api is installed by scripts/setup.sh")
-    from processor.proto import grpc_predict_v2_pb2 as v2
-
-    from server.kserve import open_inference as oip
-
-    seeds = [(PREDICT, codec.encode_request(feeds(3)), (("model-name", "b"),)),
-             (TFS_PREDICT, tfs_request("b", 3).SerializeToString(), ()),
-             (TFS_PREDICT, tfs_request("b", 3, content=False).SerializeToString(), ())]
-    infer = v2.ModelInferRequest(model_name="b", id="f")
-    for key, array in feeds(3).items():
-        infer.inputs.add(name=key, datatype=oip.datatype_of(array), shape=array.shape)
-        infer.raw_input_contents.append(oip.raw_bytes(array))
-    seeds.append((MODEL_INFER, infer.SerializeToString(), ()))
-    rng = random.Random(51)
-    for method, seed, metadata in seeds:
-        ours, reference = channels["native"].unary_unary(method), channels["python"].unary_unary(method)
-        for _ in range(40):
-            body = mutated(seed, rng)
-            outcome = []
-            for fn in (ours, reference):
-                try:
-                    outcome.append((grpc.StatusCode.OK, fn(body, metadata=metadata)))
-                except grpc.RpcError as err:
-                    outcome.append((err.code(), err.details()))
-            (code, got), (want_code, want) = outcome
-            assert code in TABLE_CODES and code == want_code, (method, body[:60], outcome)
-            if code == grpc.StatusCode.OK:
-                (meta, arrays), (want_meta, want_arrays) = decoded(method, got), decoded(method, want)
-                assert meta == want_meta and arrays.keys() == want_arrays.keys(), (method, body[:60])
-                for key, array in want_arrays.items():
-                    np.testing.assert_allclose(arrays[key], array, rtol=1e-5, atol=1e-6, equal_nan=True)
-    servers["native"]._check_alive()
 
 
 def test_sigterm_drains_the_direct_paths_calls(dlrm, tmp_path):

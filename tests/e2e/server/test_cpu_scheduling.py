@@ -1,6 +1,7 @@
-"""``cpu_scheduling: "batch"`` (server/cpu_policy.py) with a real server process: every thread it
-runs (the engine's pools and batch threads, the gRPC and HTTP servers' threads, made before and
-after the models load) is under Linux's SCHED_BATCH, and it answers as before."""
+"""``cpu_scheduling: "batch"`` (server/cpu_policy.py) with a real server process, alone or as
+``workers: 2``: every thread of each serving process (the engine's pools and batch threads, the
+gRPC and HTTP servers' threads, made before and after the models load) is under Linux's
+SCHED_BATCH, and it answers as before."""
 
 from __future__ import annotations
 
@@ -34,7 +35,14 @@ def policies(pid: int) -> dict[str, int]:
     return out
 
 
-def test_every_thread_of_the_server_runs_sched_batch(tmp_path):
+def serving_pids(pid: int) -> list[int]:
+    """``pid`` and, for a supervisor (``workers`` > 1), its worker processes."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [pid, *map(int, children)]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_every_thread_of_the_server_runs_sched_batch(tmp_path, workers):
     from tools.server_process import ServerProcess
 
     dlrm_onnx.build(tmp_path / "dlrm" / "model.onnx", rows=500, dim=8)
@@ -42,7 +50,7 @@ def test_every_thread_of_the_server_runs_sched_batch(tmp_path):
         "savedmodel_dir": str(tmp_path / "dlrm"), "backend": "onnxruntime", "session_num": 2,
         "use_per_session_threads": True, "intra_op_parallelism_threads": 2,
         "batching": {"max_batch_size": 16, "batch_timeout_micros": 0, "num_batch_threads": 2}}}],
-        "cpu_scheduling": "batch", "access_log": False}
+        "cpu_scheduling": "batch", "access_log": False, "workers": workers}
     with ServerProcess(deployment, tmp_path / "server").start(timeout=120) as server:
         feeds = dlrm_onnx.inputs(3, seed=2)
         body = codec.encode_request(feeds)
@@ -53,7 +61,10 @@ def test_every_thread_of_the_server_runs_sched_batch(tmp_path):
             answer = channel.unary_unary("/tensorflow.eas.ProcessorService/Predict")(
                 body, metadata=(("model-name", "dlrm"),), timeout=30)
         np.testing.assert_allclose(codec.decode_response(answer)["prob"], over_http, rtol=1e-5, atol=1e-6)
-        seen = policies(server.proc.pid)
-        assert len(seen) > 4, seen  # the engine's and the servers' threads are there
-        assert all(policy == SCHED_BATCH for policy in seen.values()), seen
+        pids = serving_pids(server.proc.pid)
+        assert len(pids) == (1 if workers == 1 else 1 + workers), pids
+        for pid in pids[1:] if workers > 1 else pids:  # each process that serves (not the supervisor)
+            seen = policies(pid)
+            assert len(seen) > 4, seen  # the engine's and the servers' threads are there
+            assert all(policy == SCHED_BATCH for policy in seen.values()), seen
     assert os.sched_getscheduler(0) != SCHED_BATCH  # the test's own process is left as it was

@@ -11,13 +11,7 @@ import sys
 import pytest
 
 from processor.errors import ConfigError
-from server.settings import DeploymentConfig
-
-MODEL = {"savedmodel_dir": "/models/toy/savedmodel"}
-
-
-def deployment(**top) -> DeploymentConfig:
-    return DeploymentConfig.from_dict({"models": [{"name": "toy", "model_config": dict(MODEL)}], **top})
+from sp_checks import toy_deployment as deployment
 
 
 def test_auto_is_the_default_and_python_and_native_are_accepted():

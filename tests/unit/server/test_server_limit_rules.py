@@ -11,13 +11,8 @@ import pytest
 
 from server.settings import DeploymentConfig, is_loopback
 from processor.errors import ConfigError
-
-MODEL = {"savedmodel_dir": "/models/toy/savedmodel"}
-
-
-def deployment(**top) -> DeploymentConfig:
-    return DeploymentConfig.from_dict({"models": [{"name": "toy", "model_config": dict(MODEL)}], **top})
-
+from sp_checks import TOY_MODEL
+from sp_checks import toy_deployment as deployment
 
 # --- deployment keys ----------------------------------------------------------------------------
 
@@ -47,7 +42,7 @@ def test_cli_host_override_is_checked_too(tmp_path, capsys):
     from server import __main__ as cli
 
     path = tmp_path / "d.json"
-    path.write_text(json.dumps({"models": [{"name": "m", "model_config": MODEL}], "admin_allow_without_token": True}))
+    path.write_text(json.dumps({"models": [{"name": "m", "model_config": TOY_MODEL}], "admin_allow_without_token": True}))
     assert cli.main(["--check", "--config", str(path)]) == 0
     capsys.readouterr()
     assert cli.main(["--check", "--config", str(path), "--host", "0.0.0.0"]) == 2
