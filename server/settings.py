@@ -136,9 +136,11 @@ class DeploymentConfig(BaseModel):
     # server processes on the same ports (SO_REUSEPORT), watched by one supervisor (issue 24,
     # server/supervisor.py); 1: today's single process
     workers: int = Field(1, ge=1, le=256)
-    # Linux's scheduling policy for every thread of the server (and its workers), server/cpu_policy.py:
-    # "other" the normal one; "batch" SCHED_BATCH, a thread that wakes does not preempt a batch running
-    cpu_scheduling: Literal["other", "batch"] = "other"
+    # Linux's scheduling policy of the server's threads (and its workers'), server/cpu_policy.py:
+    # "other" the normal one everywhere; "io_batch" SCHED_BATCH for the native gRPC server's own
+    # threads (a network read that wakes one does not preempt a batch running), the rest normal;
+    # "batch" SCHED_BATCH for every thread
+    cpu_scheduling: Literal["other", "io_batch", "batch"] = "io_batch"
     # one access-log line per successful request (failed ones are always logged), written off the
     # request's thread; access_log_sample_rate: the share of successful requests logged
     access_log: bool = True

@@ -8,6 +8,7 @@
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/security/server_credentials.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -391,8 +392,39 @@ struct Server::Impl {
   std::vector<std::unique_ptr<TlsFetcher>> fetchers;
 };
 
+namespace {
+
+// The calling thread under SCHED_BATCH while it lives (when `on`), so that the threads it makes
+// inherit it; its own policy back after. Linux: a thread takes its creator's policy. Needs no
+// capability; where the system refuses, nothing changes.
+class BatchPolicyScope {
+ public:
+  explicit BatchPolicyScope(bool on) {
+    if (!on) return;
+    policy_ = sched_getscheduler(0);
+    if (policy_ < 0 || policy_ == SCHED_BATCH || sched_getparam(0, &param_) != 0) return;
+    sched_param zero{};
+    set_ = sched_setscheduler(0, SCHED_BATCH, &zero) == 0;
+  }
+  ~BatchPolicyScope() {
+    if (set_) sched_setscheduler(0, policy_, &param_);
+  }
+  BatchPolicyScope(const BatchPolicyScope&) = delete;
+  BatchPolicyScope& operator=(const BatchPolicyScope&) = delete;
+
+ private:
+  int policy_ = -1;
+  sched_param param_{};
+  bool set_ = false;
+};
+
+}  // namespace
+
 Server::Server(Options options) : options_(std::move(options)) {
-  grpc_init();
+  {
+    BatchPolicyScope batch(options_.io_threads_batch);  // the threads grpc_init starts
+    grpc_init();
+  }
   impl_ = std::make_unique<Impl>(this);
   event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   std::random_device random;
@@ -442,7 +474,10 @@ bool Server::start(std::string& error) {
     }
   }
   builder.RegisterCallbackGenericService(&impl_->service);
-  impl_->server = builder.BuildAndStart();
+  {
+    BatchPolicyScope batch(options_.io_threads_batch);  // the pollers and callback threads
+    impl_->server = builder.BuildAndStart();
+  }
   if (!impl_->server) {
     error = "gRPC could not start a server on";
     for (const auto& a : impl_->addresses) error += " " + a;

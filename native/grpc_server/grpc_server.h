@@ -63,6 +63,10 @@ struct Options {
   std::vector<ChannelArg> channel_args;
   int max_concurrent_rpcs = 1000;      // beyond: RESOURCE_EXHAUSTED, as grpcio's server
   std::vector<double> latency_buckets; // upper bounds (seconds) of the latency histogram
+  // gRPC's own threads (its pollers, callback and executor threads, made by grpc_init and the
+  // server's start) are made under SCHED_BATCH: a network read that wakes one does not preempt
+  // the engine's batch on the core (they inherit it from the thread that makes them)
+  bool io_threads_batch = false;
 };
 
 // The methods the direct path serves (their metrics' api names: kDirectApiNames).

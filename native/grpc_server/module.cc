@@ -1,6 +1,6 @@
 // module.cc -- server.grpc._native_grpc: the native gRPC server's Python bindings (nanobind).
 //
-//   Server(channel_args, max_concurrent_rpcs, latency_buckets)
+//   Server(channel_args, max_concurrent_rpcs, latency_buckets, io_threads_batch)
 //     .add_port(address, tls | None)     before start(); tls: (key, cert_chain, client_ca, require)
 //     .start() / .bound_ports() / .shutdown(grace)   shutdown blocks without the GIL
 //     .set_tls(tls)                      new material for new handshakes
@@ -112,7 +112,8 @@ struct PyServer {
   }
 };
 
-void make_server(PyServer* self, nb::list channel_args, int max_concurrent_rpcs, std::vector<double> buckets) {
+void make_server(PyServer* self, nb::list channel_args, int max_concurrent_rpcs, std::vector<double> buckets,
+                 bool io_threads_batch) {
   spg::Options options;
   for (nb::handle item : channel_args) {
     nb::tuple pair = nb::borrow<nb::tuple>(item);
@@ -129,6 +130,7 @@ void make_server(PyServer* self, nb::list channel_args, int max_concurrent_rpcs,
   }
   options.max_concurrent_rpcs = max_concurrent_rpcs;
   options.latency_buckets = std::move(buckets);
+  options.io_threads_batch = io_threads_batch;
   new (self) PyServer{std::make_unique<spg::Server>(std::move(options)), nb::none(), 0};
 }
 
@@ -256,7 +258,7 @@ NB_MODULE(_native_grpc, m) {
 
   nb::class_<PyServer>(m, "Server")
       .def("__init__", &make_server, nb::arg("channel_args"), nb::arg("max_concurrent_rpcs"),
-           nb::arg("latency_buckets"))
+           nb::arg("latency_buckets"), nb::arg("io_threads_batch") = false)
       .def("add_port",
            [](PyServer& self, const std::string& address, nb::handle tls) {
              if (tls.is_none()) return self.server->add_port(address, nullptr) ? self.ports++ : -1;

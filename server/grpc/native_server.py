@@ -69,6 +69,7 @@ from processor.echo import shorten
 from processor.errors import ConfigError
 from processor.request import version_number
 
+from .. import cpu_policy
 from ..access_log import AccessLog
 from ..protocols import Protocol
 from ..runtime import ServingRuntime
@@ -157,7 +158,8 @@ class NativeGrpcServer:
         dep = rt.deployment
         self.rt = rt
         self.native = native.Server(list(grpc_options(dep)), dep.grpc_max_concurrent_rpcs,
-                                    [float(b) for b in rt.metrics.latency._upper_bounds[:-1]])
+                                    [float(b) for b in rt.metrics.latency._upper_bounds[:-1]],
+                                    io_threads_batch=cpu_policy.io_threads_batch(dep.cpu_scheduling))
         self._mod = native
         self.loop = _new_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="sp-grpc", daemon=True)

@@ -1,6 +1,7 @@
 """The ``cpu_scheduling`` key (server/cpu_policy.py): validated strictly; "batch" puts the
 threads running and those started after under SCHED_BATCH (in a child process, so the test's
-own keeps its policy); "other" changes nothing. (A real server: tests/e2e/server/test_cpu_scheduling.py.)"""
+own keeps its policy); "other" and "io_batch" change nothing process-wide ("io_batch" is the
+native gRPC server's, for its own threads). (A real server: tests/e2e/server/test_cpu_scheduling.py.)"""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from processor.errors import ConfigError
 from sp_checks import toy_deployment as deployment
 
 
-def test_other_is_the_default_and_batch_is_accepted():
-    assert deployment().cpu_scheduling == "other"
+def test_io_batch_is_the_default_and_the_others_are_accepted():
+    assert deployment().cpu_scheduling == "io_batch"
+    assert deployment(cpu_scheduling="other").cpu_scheduling == "other"
     assert deployment(cpu_scheduling="batch").cpu_scheduling == "batch"
 
 
@@ -36,6 +38,7 @@ def before():
     ready.set(); done.wait(); seen["before"] = os.sched_getscheduler(0)
 t = threading.Thread(target=before); t.start(); ready.wait()
 cpu_policy.apply("other")
+cpu_policy.apply("io_batch")
 print(os.sched_getscheduler(0) == os.SCHED_OTHER)
 cpu_policy.apply("batch")
 after = threading.Thread(target=lambda: seen.__setitem__("after", os.sched_getscheduler(0)))
@@ -57,3 +60,5 @@ def test_without_sched_batch_it_is_a_config_error_naming_the_key(monkeypatch):
         cpu_policy.apply("batch")
     assert info.value.message.startswith("cpu_scheduling")
     cpu_policy.apply("other")  # nothing asked, nothing needed
+    cpu_policy.apply("io_batch")
+    assert [cpu_policy.io_threads_batch(p) for p in ("other", "io_batch", "batch")] == [False, True, False]
