@@ -4,7 +4,7 @@ One run, one machine, native load generators (``benchmarks.native_load``: ``wrk`
 ``h2load`` for gRPC over h2c), the DLRM-like ``.onnx`` model (``demo.dlrm_onnx``: 26 Gather
 tables of 20,000 x 16, MLP 256-128-1) with ``session_num`` 2, per-session pools, intra-op 1:
 
-* **the limit**: ``process()`` in-process from 2 threads (req/s at batch 1 and 256);
+* **the limit**: ``process()`` in-process from 2 threads (req/s at batch 1 and 256), in every round;
 * **the floors**: a bare uvicorn + httptools + uvloop ASGI app answering a fixed body, with the
   same thread-pool hop our edge may take and without; a bare grpcio server with a generic
   handler returning fixed bytes (sync and ``grpc.aio``) (``benchmarks.edge_floors``);
@@ -30,8 +30,10 @@ the servers (and ``process()``'s threads) and the load generators on cores of th
 more servers of the same model with batching on (:data:`NATIVE_BATCHING`, so our Predict takes
 the native direct path), one on the Python gRPC server and one on the native one, loaded at
 batch 1 and 256 (gRPC ours; on the native one TF Serving gRPC and v2 gRPC too, on its direct
-path), the native one again with ``cpu_scheduling: "batch"`` (SCHED_BATCH, gRPC ours), and
-issue 50's targets in the report. ``--grpc-server native-only`` leaves every other
+path), the native one again with ``cpu_scheduling: "other"`` (Linux's normal policy for gRPC's
+threads too, against the default ``"io_batch"``) and ``"batch"`` (SCHED_BATCH for every thread),
+gRPC ours; the default and ``"other"`` also paced (:data:`PACED_SHARE` of ``process()``'s req/s),
+for latency below saturation; and issue 50's targets in the report. ``--grpc-server native-only`` leaves every other
 server and row out (the limit and the gRPC floors stay).
 
     .venv/bin/python -m benchmarks.bench_edges [--seconds 5] [--rounds 3] [--skip-batching] [--out-dir DIR]
@@ -69,8 +71,13 @@ GRPC_EDGES = ("gRPC ours", "TF Serving gRPC", "v2 gRPC")
 # batch runs what is queued as soon as a batch thread is free), room for batch-256 requests
 NATIVE_BATCHING = {"max_batch_size": 1024, "batch_timeout_micros": 0, "num_batch_threads": 2,
                    "max_enqueued_batches": 1000}
-NATIVE = "ours, batching, gRPC native"
+NATIVE = "ours, batching, gRPC native"  # the default cpu_scheduling: "io_batch"
+NATIVE_OTHER = "ours, batching, gRPC native, cpu_scheduling other"
 NATIVE_SCHED_BATCH = "ours, batching, gRPC native, cpu_scheduling batch"
+# gRPC ours paced by h2load at this share of process()'s req/s (per batch), below the native
+# server's capacity: latency where the cores are not saturated, cpu_scheduling io_batch vs other
+PACED = "gRPC ours, paced"
+PACED_SHARE = {1: 0.3, 256: 0.6}
 NATIVE_PYTHON = "ours, batching, gRPC python"
 PROTOBUF = "application/x-protobuf"
 
@@ -179,10 +186,12 @@ def our_server(work: Path, models: list[dict], http_port: int, grpc_port: int, c
 
 
 def load(edge: str, port: int, pid: int, path: str, body: bytes, headers: dict, seconds: float,
-         connections: int = 32, cpus: str | None = None, threads: int = 2) -> dict:
-    if edge in GRPC_EDGES or edge.startswith("gRPC floor"):
+         connections: int = 32, cpus: str | None = None, threads: int = 2, rate: float | None = None) -> dict:
+    """One row's load: h2load for the gRPC edges (``rate``: paced at about that many calls a
+    second), wrk for the HTTP ones."""
+    if edge in GRPC_EDGES or edge == PACED or edge.startswith("gRPC floor"):
         return native_load.h2load(f"http://127.0.0.1:{port}{path}", body, headers, pid, clients=8, streams=4,
-                                  seconds=seconds, cpus=cpus, threads=threads)
+                                  seconds=seconds, cpus=cpus, threads=threads, rate=rate)
     return native_load.wrk(f"http://127.0.0.1:{port}{path}", body, headers, pid, connections=connections,
                            seconds=seconds, cpus=cpus, threads=threads)
 
@@ -206,21 +215,26 @@ def bench(args) -> dict:
     rows: list[dict] = []
 
     native_only = args.grpc_server == "native-only"
-    # the limit: process() in-process, 2 threads
+    # the limit: process() in-process, 2 threads, once before the servers start (for the paced
+    # rows' rates) and again in every round (so a ratio to it is one of the same round)
     processor = Processor.create(MODEL, json.dumps(config))
-    expected = {}
-    try:
+    expected, limit_data = {}, {}
+
+    def limit(round_: int | None) -> None:
         for b in BATCHES:
-            data = encode_request(feeds[b])
-            status, out = processor.process(data)
-            assert status == 200, out
-            expected[b] = decode_response(out)["prob"]
+            data = limit_data[b]
             r = on_cpus(args.server_cpus, lambda d=data: run_threads(lambda _i: processor.process(d), 2, args.seconds))
-            rows.append({"server": "process() in-process", "edge": "process()", "batch": b, "threads": 2,
+            rows.append({"server": "process() in-process" if round_ is not None else "process(), before the servers",
+                         "edge": "process()", "batch": b, "threads": 2, **({} if round_ is None else {"round": round_}),
                          "req_per_s": r["calls_per_s"], "p50_ms": r["p50_us"] / 1000, "p99_ms": r["p99_us"] / 1000})
-            print(f"process() batch {b}: {r['calls_per_s']:.0f}/s", flush=True)
-    finally:
-        processor.close()
+            print(f"round {round_} process() batch {b}: {r['calls_per_s']:.0f}/s", flush=True)
+
+    for b in BATCHES:
+        limit_data[b] = encode_request(feeds[b])
+        status, out = processor.process(limit_data[b])
+        assert status == 200, out
+        expected[b] = decode_response(out)["prob"]
+    limit(None)
 
     # every server up at once (idle, they take no CPU), then every row in turn, round after
     # round: the machine's speed drifts by a third within minutes, and a ratio is taken between
@@ -228,6 +242,7 @@ def bench(args) -> dict:
     answer_bytes = len(encode_request({"prob": expected[1]}))
     plan: list[tuple] = []  # (server, edge, batch, process, port, path, body, headers)
     with contextlib.ExitStack() as stack:
+        stack.callback(processor.close)
         for kind, name, extra, path, edge in (
                 ("http", "HTTP floor (thread hop)", ["--hop"], "/api/predict/x", "HTTP ours"),
                 ("http", "HTTP floor (no hop)", [], "/api/predict/x", "HTTP ours"),
@@ -241,7 +256,7 @@ def bench(args) -> dict:
                  str(answer_bytes), *extra], args.server_cpus)))
             floor.wait_line("READY")
             plan.append(("floor", name, 1, floor.proc, port, path, requests[1][edge][1],
-                         {"Content-Type": PROTOBUF} if kind == "http" else {}))
+                         {"Content-Type": PROTOBUF} if kind == "http" else {}, None))
         servers = [] if native_only else [
             ("ours", config, {}, HTTP_EDGES + GRPC_EDGES, BATCHES),
             # without its access log's successful lines (written off the request's thread, but on
@@ -251,7 +266,9 @@ def bench(args) -> dict:
             batching = {**config, "batching": NATIVE_BATCHING}
             servers += [(NATIVE_PYTHON, batching, {"grpc_server": "python"}, ("gRPC ours",), BATCHES),
                         (NATIVE, batching, {"grpc_server": "native"}, GRPC_EDGES, BATCHES),
-                        # SCHED_BATCH (server/cpu_policy.py): a network read does not preempt a batch
+                        # server/cpu_policy.py: under SCHED_OTHER a network read preempts a batch
+                        (NATIVE_OTHER, batching, {"grpc_server": "native", "cpu_scheduling": "other"},
+                         ("gRPC ours",), BATCHES),
                         (NATIVE_SCHED_BATCH, batching, {"grpc_server": "native", "cpu_scheduling": "batch"},
                          ("gRPC ours",), BATCHES)]
         for label, model_config_, keys, edges, batches in servers:
@@ -271,10 +288,15 @@ def bench(args) -> dict:
                     if diff > 1e-5:
                         raise AssertionError(f"{label} {edge} batch {b}: answers differ from process() by {diff}")
                     port = grpc_port if edge in GRPC_EDGES else http_port
-                    plan.append((label, edge, b, server.proc, port, path, body, headers))
+                    plan.append((label, edge, b, server.proc, port, path, body, headers, None))
+                    if edge == "gRPC ours" and label in (NATIVE, NATIVE_OTHER):
+                        rate = PACED_SHARE[b] * statistics.median(
+                            r["req_per_s"] for r in rows if r["edge"] == "process()" and r["batch"] == b)  # before
+                        plan.append((label, PACED, b, server.proc, port, path, body, headers, rate))
         for round_ in range(args.rounds):
-            for label, edge, b, proc, port, path, body, headers in plan:
-                r = load(edge, port, proc.pid, path, body, headers, args.seconds, cpus=args.load_cpus,
+            limit(round_)
+            for label, edge, b, proc, port, path, body, headers, rate in plan:
+                r = load(edge, port, proc.pid, path, body, headers, args.seconds, cpus=args.load_cpus, rate=rate,
                          threads=args.load_threads)
                 rows.append({"server": label, "edge": edge, "batch": b, "round": round_, **r})
                 print(f"round {round_} {label} {edge} batch {b}: {r['req_per_s']:.0f}/s p99 {r['p99_ms']:.1f} ms, "
@@ -427,8 +449,13 @@ def report(result: dict) -> str:
         target("batch 1: native / Python gRPC server (both batching)",
                ratio(native1, find(NATIVE_PYTHON, "gRPC ours", 1)), 1.0)
         target("batch 256: native gRPC ours / process()", ratio(find(NATIVE, "gRPC ours", 256), limit[256]), 0.85)
+        target("batch 256: the same, cpu_scheduling other",
+               ratio(find(NATIVE_OTHER, "gRPC ours", 256), limit[256]), 0.85)
         target("batch 256: the same, cpu_scheduling batch",
                ratio(find(NATIVE_SCHED_BATCH, "gRPC ours", 256), limit[256]), 0.85)
+        for b in BATCHES:  # what io_batch costs where the cores are not saturated (not an issue target)
+            target(f"batch {b}, paced at {PACED_SHARE[b]:g} of process(): p99 io_batch / other",
+                   ratio(find(NATIVE, PACED, b), find(NATIVE_OTHER, PACED, b), "p99_ms"), 1.1, more=False)
         target("batch 1: native gRPC server CPU us/request, cpu_scheduling batch",
                median(find(NATIVE_SCHED_BATCH, "gRPC ours", 1), "cpu_us_per_request"), 60, more=False)
         for edge in ("TF Serving gRPC", "v2 gRPC"):

@@ -106,9 +106,11 @@ def _wrk_ms(out: str, percentile: str) -> float:
 
 
 def h2load(url: str, message: bytes, headers: dict[str, str], pid: int, *, clients: int = 8, streams: int = 4,
-           seconds: float = 5.0, warmup: float = 1.0, threads: int = 2, cpus: str | None = None) -> dict:
+           seconds: float = 5.0, warmup: float = 1.0, threads: int = 2, cpus: str | None = None,
+           rate: float | None = None) -> dict:
     """Unary gRPC calls of ``message`` to ``url`` (``http://host:port/package.Service/Method``) from
-    ``clients`` h2c connections with ``streams`` concurrent streams each."""
+    ``clients`` h2c connections with ``streams`` concurrent streams each; ``rate``: paced at about
+    that many calls a second in all (h2load's ``--rps`` per client), else as fast as answered."""
     with tempfile.TemporaryDirectory() as tmp:
         body_file, log_file = Path(tmp) / "body", Path(tmp) / "log"
         body_file.write_bytes(grpc_frame(message))
@@ -119,6 +121,8 @@ def h2load(url: str, message: bytes, headers: dict[str, str], pid: int, *, clien
         def run(duration: float, log: bool) -> str:
             cmd = ["h2load", "-c", str(clients), "-m", str(streams), "-t", str(threads), "-D", str(max(1, round(duration))),
                    "-d", str(body_file), *head, url]
+            if rate is not None:
+                cmd[1:1] = [f"--rps={max(1, round(rate / clients))}"]
             if log:
                 cmd[1:1] = ["--log-file", str(log_file)]
             cmd = pinned(cmd, cpus)

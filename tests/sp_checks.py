@@ -99,42 +99,55 @@ def versions_answered(responses: Sequence[np.ndarray], references: Sequence[np.n
 
 @contextlib.contextmanager
 def grpc_servers(kind: str):
-    """Within the block, every ``ServerProcess`` started serves gRPC with the ``kind`` server
-    (``grpc_server: "python"`` or ``"native"``, issue 50): for a module of server tests run again
-    against it (a module-scoped autouse fixture, set up before the module's ``server`` fixture)."""
+    """Within the block, every server started serves gRPC with the ``kind`` server
+    (``grpc_server: "python"`` or ``"native"``, issue 50): a ``ServerProcess`` (whose log must
+    then say so) and an in-process ``ServingApp``. For a module of server tests run again against
+    it (a module-scoped autouse fixture, set up before the module's ``server`` fixture)."""
     import pytest
 
+    from server.app import ServingApp
     from tools.server_process import ServerProcess
 
     patch = pytest.MonkeyPatch()
-    start = ServerProcess.start
+    start, init = ServerProcess.start, ServingApp.__init__
 
     def start_with(self, *args, **kwargs):
         self.deployment = {**self.deployment, "grpc_server": kind}
-        return start(self, *args, **kwargs)
+        started = start(self, *args, **kwargs)
+        assert_grpc_served_by(self, kind)
+        return started
+
+    def init_with(self, deployment, *args, **kwargs):
+        init(self, deployment.model_copy(update={"grpc_server": kind}), *args, **kwargs)
     patch.setattr(ServerProcess, "start", start_with)
+    patch.setattr(ServingApp, "__init__", init_with)
     try:
         yield
     finally:
         patch.undo()
 
 
-def python_grpc_rerun():
+def python_grpc_rerun(module: dict | None = None, only: Sequence[str] = ()):
     """For a module that runs another module's server tests again against the Python gRPC server
-    (``python_grpc_server, test_the_python_server_served_these_calls = sp_checks.python_grpc_rerun()``
-    at its top level): the autouse fixture that makes its ``ServerProcess`` serve gRPC with it, and
-    the test that the log says so."""
+    (``python_grpc_server = sp_checks.python_grpc_rerun()`` at its top level): the autouse
+    fixture that makes its servers serve gRPC with it (:func:`grpc_servers`). ``module`` (the
+    rerunning module's ``globals()``) and ``only``: run only these of its tests (those that call
+    gRPC, leaving out those that speak only HTTP); a name that is not one of them fails at
+    collection (a stale list)."""
     import pytest
+
+    if only:
+        missing = [name for name in only if name not in module]
+        assert not missing, f"python_grpc_rerun: no such tests {missing}"
+        for name in [n for n in module if n.startswith("test_") and n not in only]:
+            del module[name]
 
     @pytest.fixture(scope="module", autouse=True)
     def python_grpc_server():
         with grpc_servers("python"):
             yield
 
-    def test_the_python_server_served_these_calls(server):
-        assert_grpc_served_by(server, "python")
-
-    return python_grpc_server, test_the_python_server_served_these_calls
+    return python_grpc_server
 
 
 def set_model_spec(spec, name: str, **keys) -> None:

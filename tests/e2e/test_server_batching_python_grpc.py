@@ -9,4 +9,4 @@ from __future__ import annotations
 import sp_checks
 from test_server_batching import *  # noqa: F401,F403 - the module's tests and fixtures, run here again
 
-python_grpc_server, test_the_python_server_served_these_calls = sp_checks.python_grpc_rerun()
+python_grpc_server = sp_checks.python_grpc_rerun()
