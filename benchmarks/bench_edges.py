@@ -12,8 +12,9 @@ tables of 20,000 x 16, MLP 256-128-1) with ``session_num`` 2, per-session pools,
   batch 1 and 256: HTTP our wire format, TF Serving REST JSON, KServe v2 REST binary and JSON;
   gRPC ours, TF Serving ``Predict``, v2 ``ModelInfer``. Each edge's answer is checked against
   ``process()`` once before it is timed;
-* **batching at the edge**: the demo CTR model on TensorFlow, 64 HTTP connections of batch-1
-  requests, ``batching`` on vs off.
+* **batching at the edge**: the demo CTR model on TensorFlow, batch-1 requests from 64 HTTP
+  connections (wrk) and 64 gRPC streams (h2load), ``batching`` on vs off (``--batching-only``:
+  these rows alone, with issue 44's targets).
 
 Every server is started first; then each row is loaded in turn, for ``--rounds`` rounds: the
 machine's speed drifts by up to a third within minutes, so a figure is the median of its
@@ -38,7 +39,7 @@ server and row out (the limit and the gRPC floors stay).
 
     .venv/bin/python -m benchmarks.bench_edges [--seconds 5] [--rounds 3] [--skip-batching] [--out-dir DIR]
         [--server-cpus 0-1 --load-cpus 4-11 --load-threads 4] [--workers 2] [--tag NAME]
-        [--grpc-server python|native|native-only]
+        [--grpc-server python|native|native-only] [--batching-only]
 """
 
 from __future__ import annotations
@@ -80,6 +81,8 @@ PACED = "gRPC ours, paced"
 PACED_SHARE = {1: 0.3, 256: 0.6}
 NATIVE_PYTHON = "ours, batching, gRPC python"
 PROTOBUF = "application/x-protobuf"
+DEMO = "ours (demo, TensorFlow)"
+GRPC_PREDICT = "/tensorflow.eas.ProcessorService/Predict"
 
 
 def model_config(model_dir: Path) -> dict:
@@ -114,8 +117,9 @@ def bodies(feeds: dict[str, np.ndarray]) -> dict[str, tuple[str, bytes, dict[str
     }
 
 
-def answer(edge: str, http: str, grpc_target: str, path: str, body: bytes, headers: dict) -> np.ndarray:
-    """The ``prob`` output one edge answers for ``body``."""
+def answer(edge: str, http: str, grpc_target: str, path: str, body: bytes, headers: dict, whole: bool = False):
+    """The ``prob`` output one edge answers for ``body`` (``whole``, HTTP and gRPC ours: every
+    output, decoded)."""
     import grpc
 
     from processor.codec import decode_response
@@ -129,7 +133,7 @@ def answer(edge: str, http: str, grpc_target: str, path: str, body: bytes, heade
         with grpc.insecure_channel(grpc_target) as channel:
             raw = channel.unary_unary(path)(body, metadata=tuple(headers.items()), timeout=60)
         if edge == "gRPC ours":
-            return decode_response(raw)["prob"]
+            return decode_response(raw) if whole else decode_response(raw)["prob"]
         from server.tfserving.tensor_proto import to_numpy
         from server.tfserving.messages import messages
 
@@ -138,7 +142,7 @@ def answer(edge: str, http: str, grpc_target: str, path: str, body: bytes, heade
     with urllib.request.urlopen(request, timeout=60) as resp:
         raw = resp.read()
     if edge == "HTTP ours":
-        return decode_response(raw)["prob"]
+        return decode_response(raw) if whole else decode_response(raw)["prob"]
     return np.asarray(json.loads(raw)["predictions"], np.float32)
 
 
@@ -207,6 +211,9 @@ def bench(args) -> dict:
     if not all(tools.values()):
         raise SystemExit(f"needs wrk and h2load (apt-get install wrk nghttp2-client): {tools}")
     work = Path(tempfile.mkdtemp(prefix="bench_edges_"))
+    if args.batching_only:
+        return {"machine": machine(), "seconds": args.seconds, "rounds": args.rounds,
+                "rows": edge_batching(work, args.seconds, args.rounds), "placement": placement(args)}
     model_dir = work / "dlrm"
     dlrm_onnx.build(model_dir / "model.onnx", rows=20_000, dim=16)
     config = model_config(model_dir)
@@ -338,9 +345,10 @@ def placement(args) -> str:
 
 
 def edge_batching(work: Path, seconds: float, rounds: int) -> list[dict]:
-    """The demo CTR model on TensorFlow, 64 HTTP connections of batch-1 requests, batching off
-    and on: both servers up side by side, loaded in alternating rounds (the machine's speed
-    drifts; each round's pair is compared)."""
+    """The demo CTR model on TensorFlow, batch-1 requests from 64 HTTP connections (wrk) and from
+    64 gRPC streams (h2load, 8 connections x 8), batching off and on (issue 44): both servers up
+    side by side, loaded in alternating rounds (the machine's speed drifts; each round's pair is
+    compared)."""
     from benchmarks.common import demo_paths, processor_config
     from demo.synthetic_data import synthetic_batch
     from processor.codec import encode_request
@@ -359,15 +367,29 @@ def edge_batching(work: Path, seconds: float, rounds: int) -> list[dict]:
                                       "max_enqueued_batches": 100}
             http_port, grpc_port = free_port(), free_port()
             servers[batching] = (stack.enter_context(
-                our_server(work, [{"name": MODEL, "model_config": config}], http_port, grpc_port)), http_port)
+                our_server(work, [{"name": MODEL, "model_config": config}], http_port, grpc_port)), http_port, grpc_port)
+        # each edge's answer, batching on and off, equal before any is timed (h2load counts a
+        # call answered with a gRPC error as done)
+        answers = [answer(edge, f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", path, body, headers,
+                          whole=True)
+                   for _server, http_port, grpc_port in servers.values()
+                   for edge, path, headers in (("HTTP ours", f"/api/predict/{MODEL}", {"Content-Type": PROTOBUF}),
+                                               ("gRPC ours", GRPC_PREDICT, {"model-name": MODEL}))]
+        for got in answers[1:]:
+            assert got.keys() == answers[0].keys(), (got.keys(), answers[0].keys())
+            for name, value in got.items():
+                np.testing.assert_allclose(value, answers[0][name], rtol=1e-5, atol=1e-6)
         for round_ in range(rounds):
-            for batching, (server, http_port) in servers.items():
+            for batching, (server, http_port, grpc_port) in servers.items():
+                on = "on" if batching else "off"
                 r = native_load.wrk(f"http://127.0.0.1:{http_port}/api/predict/{MODEL}", body,
                                     {"Content-Type": PROTOBUF}, server.proc.pid, connections=64, seconds=seconds)
-                out.append({"server": "ours (demo, TensorFlow)", "round": round_,
-                            "edge": f"HTTP ours, batching {'on' if batching else 'off'}", "batch": 1, **r})
-                print(f"demo TF batching {batching}, round {round_}: {r['req_per_s']:.0f}/s p99 {r['p99_ms']:.1f} ms",
-                      flush=True)
+                out.append({"server": DEMO, "round": round_, "edge": f"HTTP ours, batching {on}", "batch": 1, **r})
+                g = native_load.h2load(f"http://127.0.0.1:{grpc_port}{GRPC_PREDICT}", body,
+                                       {"model-name": MODEL}, server.proc.pid, clients=8, streams=8, seconds=seconds)
+                out.append({"server": DEMO, "round": round_, "edge": f"gRPC ours, batching {on}", "batch": 1, **g})
+                print(f"demo TF batching {on}, round {round_}: HTTP {r['req_per_s']:.0f}/s p99 {r['p99_ms']:.1f} ms, "
+                      f"gRPC {g['req_per_s']:.0f}/s p99 {g['p99_ms']:.1f} ms", flush=True)
     return out
 
 
@@ -396,13 +418,16 @@ def report(result: dict) -> str:
              "each figure is the median of its rounds, each ratio the median of the rounds' ratios); DLRM-like "
              ".onnx, session_num 2, per-session pools, intra-op 1; HTTP: wrk, 32 connections; gRPC: h2load, "
              f"8 connections x 4 streams; {result.get('placement', 'one machine')}.", "",
-             "| server | edge | batch | req/s | p50 ms | p99 ms | server CPU us/req | errors |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+             "| server | edge | batch | req/s | p50 ms | p99 ms | server CPU us/req | server cs/req (vol + invol) "
+             "| errors |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for (server, edge, batch), group in groups.items():
         cpu = "" if "cpu_us_per_request" not in group[0] else f"{median(group, 'cpu_us_per_request'):,.0f}"
+        cs = "" if "voluntary_cs_per_request" not in group[0] else (
+            f"{median(group, 'voluntary_cs_per_request'):.2f} + {median(group, 'involuntary_cs_per_request'):.2f}")
         errors = sum(r.get("errors", 0) for r in group) if "errors" in group[0] else ""
         lines.append(f"| {server} | {edge} | {batch} | {median(group, 'req_per_s'):,.0f} | "
-                     f"{median(group, 'p50_ms'):.2f} | {median(group, 'p99_ms'):.2f} | {cpu} | {errors} |")
+                     f"{median(group, 'p50_ms'):.2f} | {median(group, 'p99_ms'):.2f} | {cpu} | {cs} | {errors} |")
     targets = []
 
     def ratio(a: list[dict], b: list[dict], key: str = "req_per_s") -> float | None:
@@ -433,13 +458,21 @@ def report(result: dict) -> str:
                                   ("v2 REST binary", "HTTP ours", 0.7), ("TF Serving gRPC", "gRPC ours", 0.7),
                                   ("v2 gRPC", "gRPC ours", 0.7)):
             target(f"batch 1: {edge} / {base}", ratio(find("ours", edge, 1), find("ours", base, 1)), bound)
-        on = find("ours (demo, TensorFlow)", "HTTP ours, batching on", 1)
-        off = find("ours (demo, TensorFlow)", "HTTP ours, batching off", 1)
+        on, off = find(DEMO, "HTTP ours, batching on", 1), find(DEMO, "HTTP ours, batching off", 1)
         if on and off:
             target("demo TF, 64 connections: batching on / off req/s", ratio(on, off), 2.0)
             target("demo TF, 64 connections: p99 on / off", ratio(on, off, "p99_ms"), 1.0, more=False)
     if targets:
         lines += ["", "| target (issue 23) | measured | bound | |", "|---|---:|---:|---|", *targets]
+    if find(DEMO, "gRPC ours, batching on", 1):  # issue 44's edge targets
+        targets.clear()
+        for edge, load_ in (("HTTP", "wrk, 64 connections"), ("gRPC", "h2load, 64 streams")):
+            on, off = find(DEMO, f"{edge} ours, batching on", 1), find(DEMO, f"{edge} ours, batching off", 1)
+            target(f"demo TF, {edge} ({load_}), batch 1: batching on / off req/s", ratio(on, off), 2.5)
+            target(f"demo TF, {edge} ({load_}), batch 1: p99 on / off", ratio(on, off, "p99_ms"), 1.0, more=False)
+            target(f"demo TF, {edge}, batch 1: server context switches a request, batching on",
+                   median(on, "voluntary_cs_per_request") + median(on, "involuntary_cs_per_request"), 0.5, more=False)
+        lines += ["", "| target (issue 44) | measured | bound | |", "|---|---:|---:|---|", *targets]
     native1 = find(NATIVE, "gRPC ours", 1)
     if native1:  # issue 50's targets (--grpc-server native)
         targets.clear()
@@ -470,6 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3, help="every row in turn, this many times")
     parser.add_argument("--skip-batching", action="store_true", help="skip the demo model's batching rows")
+    parser.add_argument("--batching-only", action="store_true", help="only the demo model's batching rows (issue 44)")
     parser.add_argument("--out-dir", type=Path)
     parser.add_argument("--server-cpus", help="taskset -c list for the servers and process()'s threads")
     parser.add_argument("--load-cpus", help="taskset -c list for wrk and h2load")

@@ -4,8 +4,10 @@ can). Neither runs Python, so the client does not take the cores the server is m
 
 Each run: a warmup, then a timed run; the server's CPU time (user + system of its process and
 its children, from ``/proc/<pid>/stat``) is read around the timed run, so the figure is server
-CPU per request, whatever else the machine runs. Returns req/s, p50/p99 latency (ms) and
-``cpu_us_per_request``; ``errors`` counts non-2xx answers (wrk) or failed requests (h2load).
+CPU per request, whatever else the machine runs; so are its context switches (its live threads'
+and its worker processes', from ``/proc/<pid>/task/*/status``). Returns req/s, p50/p99 latency
+(ms), ``cpu_us_per_request``, ``voluntary_cs_per_request`` and ``involuntary_cs_per_request``;
+``errors`` counts non-2xx answers (wrk) or failed requests (h2load).
 """
 
 from __future__ import annotations
@@ -55,6 +57,37 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
+def context_switches(pid: int) -> tuple[int, int]:
+    """Voluntary and involuntary context switches of the live threads of ``pid`` and of its
+    live child processes (a server's workers; threads that ended are not counted)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    pids = [pid, *map(int, children.read_text().split())] if children.exists() else [pid]
+    voluntary = involuntary = 0
+    for at in pids:
+        for task in Path(f"/proc/{at}/task").glob("*"):
+            try:
+                status = (task / "status").read_text()
+            except OSError:  # ended meanwhile
+                continue
+            voluntary += int(status.split("\nvoluntary_ctxt_switches:")[1].split()[0])
+            involuntary += int(status.split("nonvoluntary_ctxt_switches:")[1].split()[0])
+    return voluntary, involuntary
+
+
+def _measured(pid: int, run) -> tuple[str, float, tuple[int, int]]:
+    """``run()``'s output, and the CPU seconds and context switches ``pid`` spent meanwhile."""
+    cpu, cs = cpu_seconds(pid), context_switches(pid)
+    out = run()
+    cs_after = context_switches(pid)
+    return out, cpu_seconds(pid) - cpu, (cs_after[0] - cs[0], cs_after[1] - cs[1])
+
+
+def _costs(used: float, cs: tuple[int, int], requests: int) -> dict:
+    n = max(1, requests)
+    return {"cpu_us_per_request": used / n * 1e6, "voluntary_cs_per_request": cs[0] / n,
+            "involuntary_cs_per_request": cs[1] / n}
+
+
 def pinned(cmd: list[str], cpus: str | None) -> list[str]:
     """``cmd`` run on the CPUs ``cpus`` (``taskset -c`` list, e.g. ``"4-11"``) when given."""
     return ["taskset", "-c", cpus, *cmd] if cpus else cmd
@@ -85,16 +118,13 @@ def wrk(url: str, body: bytes, headers: dict[str, str], pid: int, *, connections
 
         if warmup > 0:
             run(warmup)
-        before = cpu_seconds(pid)
-        out = run(seconds)
-        used = cpu_seconds(pid) - before
+        out, used, cs = _measured(pid, lambda: run(seconds))
     requests = int(re.search(r"(\d+) requests in", out).group(1))
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     socket_errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
     return {"tool": "wrk", "connections": connections, "requests": requests,
             "req_per_s": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
-            "p50_ms": _wrk_ms(out, "50%"), "p99_ms": _wrk_ms(out, "99%"),
-            "cpu_us_per_request": used / max(1, requests) * 1e6,
+            "p50_ms": _wrk_ms(out, "50%"), "p99_ms": _wrk_ms(out, "99%"), **_costs(used, cs, requests),
             "errors": (int(errors.group(1)) if errors else 0)
             + (sum(int(g) for g in socket_errors.groups()) if socket_errors else 0)}
 
@@ -130,9 +160,7 @@ def h2load(url: str, message: bytes, headers: dict[str, str], pid: int, *, clien
 
         if warmup > 0:
             run(warmup, False)
-        before = cpu_seconds(pid)
-        out = run(seconds, True)
-        used = cpu_seconds(pid) - before
+        out, used, cs = _measured(pid, lambda: run(seconds, True))
         durations = sorted(int(line.split("\t")[2]) for line in log_file.read_text().splitlines()
                            if line.count("\t") >= 2)
     done = re.search(r"requests: \d+ total, \d+ started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored",
@@ -143,5 +171,5 @@ def h2load(url: str, message: bytes, headers: dict[str, str], pid: int, *, clien
             "req_per_s": float(finished.group(3)),
             "p50_ms": durations[len(durations) // 2] / 1000 if durations else None,
             "p99_ms": durations[min(len(durations) - 1, int(len(durations) * 0.99))] / 1000 if durations else None,
-            "cpu_us_per_request": used / max(1, requests) * 1e6,
+            **_costs(used, cs, requests),
             "errors": int(done.group(3)) + int(done.group(4))}
