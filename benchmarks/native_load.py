@@ -36,9 +36,9 @@ def available() -> dict[str, bool]:
     return {"wrk": shutil.which("wrk") is not None, "h2load": shutil.which("h2load") is not None}
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of ``pid`` and its waited-for children, and of its live
-    descendants (a server's worker processes)."""
+def _tree(pid: int) -> dict[int, list[str]]:
+    """The ``/proc/<p>/stat`` fields (after the name) of ``pid`` and its live descendants (a
+    server's worker processes), by pid."""
     stats = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -46,24 +46,22 @@ def cpu_seconds(pid: int) -> float:
                 stats[int(entry.name)] = (entry / "stat").read_text().rsplit(")", 1)[1].split()
             except OSError:  # gone meanwhile
                 continue
-    tree, total = [pid], 0.0
+    tree, found = [pid], {}
     while tree:
         at = tree.pop()
-        fields = stats.get(at)
-        if fields is None:
-            continue
-        total += sum(int(fields[i]) for i in (11, 12, 13, 14)) / _TICK
-        tree += [child for child, f in stats.items() if int(f[1]) == at]  # f[1]: the parent's pid
-    return total
+        if at in stats:
+            found[at] = stats[at]
+            tree += [child for child, f in stats.items() if int(f[1]) == at]  # f[1]: the parent's pid
+    return found
 
 
-def context_switches(pid: int) -> tuple[int, int]:
-    """Voluntary and involuntary context switches of the live threads of ``pid`` and of its
-    live child processes (a server's workers; threads that ended are not counted)."""
-    children = Path(f"/proc/{pid}/task/{pid}/children")
-    pids = [pid, *map(int, children.read_text().split())] if children.exists() else [pid]
-    voluntary = involuntary = 0
-    for at in pids:
+def _usage(pid: int) -> tuple[float, int, int]:
+    """User + system CPU seconds of ``pid`` and its waited-for children, and of its live
+    descendants; and the voluntary and involuntary context switches of their live threads
+    (threads that ended are not counted)."""
+    cpu, voluntary, involuntary = 0.0, 0, 0
+    for at, fields in _tree(pid).items():
+        cpu += sum(int(fields[i]) for i in (11, 12, 13, 14)) / _TICK
         for task in Path(f"/proc/{at}/task").glob("*"):
             try:
                 status = (task / "status").read_text()
@@ -71,21 +69,21 @@ def context_switches(pid: int) -> tuple[int, int]:
                 continue
             voluntary += int(status.split("\nvoluntary_ctxt_switches:")[1].split()[0])
             involuntary += int(status.split("nonvoluntary_ctxt_switches:")[1].split()[0])
-    return voluntary, involuntary
+    return cpu, voluntary, involuntary
 
 
-def _measured(pid: int, run) -> tuple[str, float, tuple[int, int]]:
-    """``run()``'s output, and the CPU seconds and context switches ``pid`` spent meanwhile."""
-    cpu, cs = cpu_seconds(pid), context_switches(pid)
+def _measured(pid: int, run):
+    """``run()``'s output, and the CPU time and context switches ``pid`` spent meanwhile, as
+    ``requests -> {cpu_us_per_request, voluntary_cs_per_request, involuntary_cs_per_request}``."""
+    before = _usage(pid)
     out = run()
-    cs_after = context_switches(pid)
-    return out, cpu_seconds(pid) - cpu, (cs_after[0] - cs[0], cs_after[1] - cs[1])
+    cpu, voluntary, involuntary = (a - b for a, b in zip(_usage(pid), before))
 
-
-def _costs(used: float, cs: tuple[int, int], requests: int) -> dict:
-    n = max(1, requests)
-    return {"cpu_us_per_request": used / n * 1e6, "voluntary_cs_per_request": cs[0] / n,
-            "involuntary_cs_per_request": cs[1] / n}
+    def costs(requests: int) -> dict:
+        n = max(1, requests)
+        return {"cpu_us_per_request": cpu / n * 1e6, "voluntary_cs_per_request": voluntary / n,
+                "involuntary_cs_per_request": involuntary / n}
+    return out, costs
 
 
 def pinned(cmd: list[str], cpus: str | None) -> list[str]:
@@ -118,13 +116,13 @@ def wrk(url: str, body: bytes, headers: dict[str, str], pid: int, *, connections
 
         if warmup > 0:
             run(warmup)
-        out, used, cs = _measured(pid, lambda: run(seconds))
+        out, costs = _measured(pid, lambda: run(seconds))
     requests = int(re.search(r"(\d+) requests in", out).group(1))
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     socket_errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
     return {"tool": "wrk", "connections": connections, "requests": requests,
             "req_per_s": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
-            "p50_ms": _wrk_ms(out, "50%"), "p99_ms": _wrk_ms(out, "99%"), **_costs(used, cs, requests),
+            "p50_ms": _wrk_ms(out, "50%"), "p99_ms": _wrk_ms(out, "99%"), **costs(requests),
             "errors": (int(errors.group(1)) if errors else 0)
             + (sum(int(g) for g in socket_errors.groups()) if socket_errors else 0)}
 
@@ -160,7 +158,7 @@ def h2load(url: str, message: bytes, headers: dict[str, str], pid: int, *, clien
 
         if warmup > 0:
             run(warmup, False)
-        out, used, cs = _measured(pid, lambda: run(seconds, True))
+        out, costs = _measured(pid, lambda: run(seconds, True))
         durations = sorted(int(line.split("\t")[2]) for line in log_file.read_text().splitlines()
                            if line.count("\t") >= 2)
     done = re.search(r"requests: \d+ total, \d+ started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored",
@@ -171,5 +169,5 @@ def h2load(url: str, message: bytes, headers: dict[str, str], pid: int, *, clien
             "req_per_s": float(finished.group(3)),
             "p50_ms": durations[len(durations) // 2] / 1000 if durations else None,
             "p99_ms": durations[min(len(durations) - 1, int(len(durations) * 0.99))] / 1000 if durations else None,
-            **_costs(used, cs, requests),
+            **costs(requests),
             "errors": int(done.group(3)) + int(done.group(4))}

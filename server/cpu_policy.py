@@ -11,7 +11,7 @@ which costs a context switch and the batch's caches each time.
   network's. With the Python gRPC server it changes nothing: its threads and the HTTP event loop
   run handler code too. Measured with the native gRPC server on 2 cores
   (benchmarks/bench_edges.py, the DLRM-like model): at batch 256 about 3.4 involuntary switches a
-  request fall to 0.8 and req/s rise 4-9%; paced at 70-85% of capacity p50 and p99 are no worse
+  request fall to 0.8 and req/s rise 4-13%; paced at 70-85% of capacity p50 and p99 are no worse
   and CPU per request is lower at batch 1 and 256; only at saturation with a fixed number of
   callers does p99 rise (10-20%) while p50 falls: the network threads wait out batches.
 * ``"batch"``: every thread of the process, and every thread and worker process started after (a
