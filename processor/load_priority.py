@@ -1,7 +1,8 @@
 """Loads at a lower CPU priority than serving.
 
 A version load (reading its files, building its tables, creating the engine's sessions, the
-warm-up) runs inside :func:`lowered`: the loading thread's nice value is raised by the load's
+warm-up) runs inside :func:`lowered`, and so do a delta's reading and checks (not its apply,
+which holds requests at the update gate and so runs at serving priority): the loading thread's nice value is raised by the load's
 ``nice`` for the block, so on busy cores the scheduler runs the serving threads first and the
 load takes what is left.
 

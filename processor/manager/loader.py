@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import memory, spans
+from .. import load_priority, memory, spans
 from ..checkpoint.delta import CheckpointError
 from ..config import ModelConfig
 from ..engine.open_group import open_session_group
@@ -156,10 +156,13 @@ class VersionLoader:
                 return self._apply_delta(group, version)
 
     def _apply_delta(self, group, version: ModelVersion) -> DeltaApplied:
-        with spans.stage("materialize"):
-            local = self.materialize(version)
-        with spans.stage("delta.read"):
-            deltas = self.read_deltas(group.backend, local, group.version)  # all checked first
+        # read and checked below serving priority, as a load is; the apply holds requests at the
+        # gate, so it runs at serving priority (a lowered writer would keep them waiting longer)
+        with load_priority.lowered(self.config.load_nice):
+            with spans.stage("materialize"):
+                local = self.materialize(version)
+            with spans.stage("delta.read"):
+                deltas = self.read_deltas(group.backend, local, group.version)  # all checked first
         hold = sum(self._apply(group, delta, version) for delta in deltas)
         return DeltaApplied(hold, sum(d.changed_rows for d in deltas), sum(len(d.dense) for d in deltas),
                             sum(d.removed_rows for d in deltas),

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import threading
+
 import pytest
 
 from fakes import FailingBackend, FakeBackend, FakeStore
+from processor import load_priority
 from processor.checkpoint.delta import CheckpointError
 from processor.errors import Internal, Unavailable
 from processor.store.checkpoint_layout import latest_version
@@ -119,3 +123,31 @@ def test_an_unreadable_delta_keeps_the_reader_error_as_its_cause(tmp_path):
     with pytest.raises(CheckpointError, match="cannot read delta") as info:
         read_delta(str(tmp_path / "missing"), 11, {})
     assert info.value.__cause__ is not None
+
+
+@pytest.mark.skipif(not load_priority.supported(),
+                    reason="this process cannot lower a thread's nice value back (no CAP_SYS_NICE, RLIMIT_NICE 0): "
+                           "deltas run at serving priority here")
+def test_a_delta_is_read_below_serving_priority_and_applied_at_it(monkeypatch):
+    """The reading and checks compete with requests, so they yield the cores; the apply holds
+    requests at the gate, so it runs at serving priority (a lowered writer would hold them longer)."""
+    def nice() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    store = FakeStore(fulls=[10])
+    backend = FakeBackend(store)
+    loader = backend.loader(store.config(delta_mode="chain", load_nice=7))
+    group = loader.load(newest(store, delta_mode="chain")).group
+    store.add_delta(11, parent=10)
+    serving, seen = nice(), {}
+
+    def noting(stage, call):
+        def noted(*args):
+            seen[stage] = nice()
+            return call(*args)
+        return noted
+
+    monkeypatch.setattr(backend, "read_delta", noting("read", backend.read_delta))
+    monkeypatch.setattr(group, "apply_delta", noting("apply", group.apply_delta))
+    loader.apply_delta(group, newest(store, delta_mode="chain"))
+    assert seen == {"read": serving + 7, "apply": serving} and nice() == serving
