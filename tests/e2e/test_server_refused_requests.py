@@ -33,6 +33,10 @@ REFUSED = 100  # requests of each kind
 # of each kind first, twice round: the allocator's and grpcio's pools reach their working size (a
 # JSON body over 256 KiB is parsed whole when the decode budget allows: a larger working set)
 WARM = 10
+# the RSS a run of every kind may add: the allocator's and grpcio's pools move by several MiB either
+# way between readings (one kind -8.5, the next +6.7 on a clean CI run), while a leak of the bodies
+# grows it by about REFUSED MiB per kind (1,000 MiB in all): 3% of that still fails
+GROWTH_BOUND_MB = 32
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +147,7 @@ def test_refused_requests_let_go_of_their_bodies(server):
         total = (rss(server) - before) / MB
     finally:
         channel.close()
-    assert total <= 8, f"{REFUSED} refused requests of each kind grew RSS by {total:.1f} MiB: {grown}"
+    assert total <= GROWTH_BOUND_MB, f"{REFUSED} refused requests of each kind grew RSS by {total:.1f} MiB: {grown}"
 
 
 # --- the raw binary form ------------------------------------------------------------------------
