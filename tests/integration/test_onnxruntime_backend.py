@@ -55,7 +55,7 @@ def test_toy_through_onnxruntime_gives_2_5(toy_model, make_processor):
     assert predict(p, {"x:0": np.array([[2.0], [4.0]], np.float32)}, ["y"])["y"].tolist() == [[3.0], [4.0]]
 
 
-def test_onnx_file_is_served_by_onnxruntime(tmp_path, make_processor):
+def _toy_onnx(path, a: float, b: float) -> None:
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -63,14 +63,38 @@ def test_onnx_file_is_served_by_onnxruntime(tmp_path, make_processor):
         [helper.make_node("Mul", ["x", "a"], ["ax"]), helper.make_node("Add", ["ax", "b"], ["y"])], "toy",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 1])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 1])],
-        [numpy_helper.from_array(np.array(0.5, np.float32), "a"), numpy_helper.from_array(np.array(2.0, np.float32), "b")])
+        [numpy_helper.from_array(np.array(a, np.float32), "a"), numpy_helper.from_array(np.array(b, np.float32), "b")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
-    (tmp_path / "m").mkdir()
-    onnx.save(model, str(tmp_path / "m" / "model.onnx"))
+    path.parent.mkdir(exist_ok=True)
+    onnx.save(model, str(path))
+
+
+def test_onnx_file_is_served_by_onnxruntime(tmp_path, make_processor):
+    _toy_onnx(tmp_path / "m" / "model.onnx", 0.5, 2.0)
     p = make_processor({"savedmodel_dir": str(tmp_path / "m"), "use_per_session_threads": True})
     assert predict(p, X1)["y"].tolist() == [[2.5]]
     assert p.model_info()["session_group"]["engine"] == "onnxruntime"
+
+
+def _entry(processor) -> dict:
+    return processor.model_info()["session_group"]["model"]
+
+
+def test_an_onnx_file_written_again_is_prepared_again(tmp_path, make_processor):
+    """The cache keys a .onnx file by its identity (path, size, mtime, inode), not its bytes: the
+    same file again is a hit; the file written again with other weights of the same size is not."""
+    path = tmp_path / "m" / "model.onnx"
+    _toy_onnx(path, 0.5, 2.0)
+    config = {"savedmodel_dir": str(tmp_path / "m")}
+    first = make_processor(config)
+    again = make_processor(config)
+    assert _entry(again)["cache_hit"] and _entry(again)["cache"] == _entry(first)["cache"]
+    size = path.stat().st_size
+    _toy_onnx(path, 1.0, 3.0)
+    assert path.stat().st_size == size
+    rewritten = make_processor(config)
+    assert _entry(rewritten)["cache_hit"] is False and predict(rewritten, X1)["y"].tolist() == [[4.0]]
 
 
 @pytest.mark.parametrize("overrides", [

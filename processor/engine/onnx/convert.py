@@ -10,7 +10,7 @@ converts them); a ``.onnx`` file in ``savedmodel_dir`` is taken as it is. Either
     <cache>/<key>/manifest.json    signature, parameters (offset, dtype, shape, TF variable), check
 
 The key hashes the source (``saved_model.pb`` bytes, the checkpoint prefix and the size and
-mtime of its files; or the ``.onnx`` file's bytes), the tf2onnx / onnx versions, the opset and
+mtime of its files; or the ``.onnx`` file's path, size, mtime and inode), the tf2onnx / onnx versions, the opset and
 :data:`CONVERTER_REVISION`. Entries are written aside and renamed into place, so a reader never
 sees half of one and two processes converting the same model both end with a valid entry.
 The cache root is ``$SP_ONNX_CACHE_DIR``, default ``~/.cache/serving-processor/onnx``.
@@ -157,7 +157,11 @@ def _cache_key(savedmodel_dir: str, version: ModelVersion, signature_name: str, 
 
     parts: dict[str, Any] = {"revision": CONVERTER_REVISION, "onnx": onnx.__version__, "opset": OPSET}
     if onnx_file:
-        parts.update(kind="onnx", file=_file_digest(onnx_file))
+        # the file's identity, not a digest of its bytes: an .onnx model holds its weights, and
+        # hashing 1 GB took 0.6 s of a core on every load (half the load's CPU) beside serving;
+        # a file written again gets a new mtime_ns (or inode), as the variables' stat list below
+        st = os.stat(onnx_file)
+        parts.update(kind="onnx", file=[os.path.abspath(onnx_file), st.st_size, st.st_mtime_ns, st.st_ino])
     else:
         from importlib.metadata import version as installed_version  # importing tf2onnx imports TF
 
