@@ -86,7 +86,7 @@ def test_an_onnx_file_written_again_is_prepared_again(tmp_path, make_processor):
     same file again is a hit; the file written again with other weights of the same size is not."""
     path = tmp_path / "m" / "model.onnx"
     _toy_onnx(path, 0.5, 2.0)
-    config = {"savedmodel_dir": str(tmp_path / "m")}
+    config = {"savedmodel_dir": str(tmp_path / "m"), "use_per_session_threads": True}
     first = make_processor(config)
     again = make_processor(config)
     assert _entry(again)["cache_hit"] and _entry(again)["cache"] == _entry(first)["cache"]
