@@ -186,7 +186,8 @@ class ModelConfig(BaseModel):
     # from batching, else powers of two up to the warmup requests' largest batch (8 if synthetic).
     warmup_batch_sizes: tuple[int, ...] | None = None
     # Ours: a version's load and warm-up (and a delta's reading) run this many nice steps below
-    # serving priority (processor/load_priority.py); 0: at serving priority. At most 18: 19 is the shadow copies'.
+    # serving priority (processor/load_priority.py); 0: at serving priority. At most 18: 19 is
+    # the shadow copies'.
     load_nice: int = Field(10, ge=0, le=18)
     file_system_poll_wait_seconds: float = Field(2.0, ge=0)
     # TF Serving's: a version that failed to load is tried again at most this many times (the

@@ -2,9 +2,9 @@
 
 A version load (reading its files, building its tables, creating the engine's sessions, the
 warm-up) runs inside :func:`lowered`, and so do a delta's reading and checks (not its apply,
-which holds requests at the update gate and so runs at serving priority): the loading thread's nice value is raised by the load's
-``nice`` for the block, so on busy cores the scheduler runs the serving threads first and the
-load takes what is left.
+which holds requests at the update gate and so runs at serving priority): the loading thread's
+nice value is raised by the load's ``nice`` for the block, so on busy cores the scheduler runs
+the serving threads first and the load takes what is left.
 
 Linux gives each thread its own nice value, and a new thread starts with its creator's. The
 engine's thread pools made during a load (ONNX Runtime's per-session pools, TensorFlow's) start

@@ -10,8 +10,8 @@ converts them); a ``.onnx`` file in ``savedmodel_dir`` is taken as it is. Either
     <cache>/<key>/manifest.json    signature, parameters (offset, dtype, shape, TF variable), check
 
 The key hashes the source (``saved_model.pb`` bytes, the checkpoint prefix and the size and
-mtime of its files; or the ``.onnx`` file's path, size, mtime and inode), the tf2onnx / onnx versions, the opset and
-:data:`CONVERTER_REVISION`. Entries are written aside and renamed into place, so a reader never
+mtime of its files; or the ``.onnx`` file's path, size, mtime and inode), the tf2onnx / onnx
+versions, the opset and :data:`CONVERTER_REVISION`. Entries are written aside and renamed into place, so a reader never
 sees half of one and two processes converting the same model both end with a valid entry.
 The cache root is ``$SP_ONNX_CACHE_DIR``, default ``~/.cache/serving-processor/onnx``.
 Parameters are written and read back by :mod:`processor.engine.onnx.weights`, signatures by
