@@ -3,6 +3,7 @@
 // protos/grpc_predict_v2.proto.
 #include "transcode.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -73,17 +74,6 @@ std::string packed_dims(const std::vector<int64_t>& shape) {
   return out;
 }
 
-int64_t load_int(int dtype, const uint8_t* p) {
-  switch (dtype) {
-    case kInt8: return int8_t(p[0]);
-    case kUint8: case kBool: return p[0];
-    case kInt16: { int16_t v; std::memcpy(&v, p, 2); return v; }
-    case kUint16: { uint16_t v; std::memcpy(&v, p, 2); return v; }
-    case kInt32: { int32_t v; std::memcpy(&v, p, 4); return v; }
-    default: { int64_t v; std::memcpy(&v, p, 8); return v; }
-  }
-}
-
 void store_int(int dtype, uint64_t v, std::string& out) {
   uint8_t b[8];
   if (dtype == kBool) v = v != 0;
@@ -92,39 +82,202 @@ void store_int(int dtype, uint64_t v, std::string& out) {
   out.append(reinterpret_cast<const char*>(b), w);
 }
 
-// Our ArrayProto of `count` raw little-endian elements of a numeric dtype (no half: the direct
-// path does not run it). False: a dtype it does not take, a bool byte other than 0 or 1.
-bool put_array_raw(std::string& a, int dtype, const std::vector<int64_t>& shape, const uint8_t* raw, size_t count) {
-  int field = eas_field(dtype);
-  if (field == 0 || field == 6 || dtype == kHalf) return false;
-  put_tag(a, 1, sp::kVarint);
-  put_varint(a, uint64_t(dtype));
-  std::string dims = packed_dims(shape), shape_msg;
-  if (!dims.empty()) put_bytes(shape_msg, 1, dims);
-  put_bytes(a, 2, shape_msg);
-  if (count == 0) return true;
-  if (field == 3 || field == 4) {
-    put_bytes(a, uint32_t(field), raw, count * raw_width(dtype));
-    return true;
+// --- our PredictRequest's inputs, each written in one pass ---------------------------------
+// The lengths of the nested messages (entry, ArrayProto, shape) are computed first, so each input
+// is written once, straight into the request: no per-level copies, varints written in place.
+
+// (floor(log2 v) * 9 + 73) / 64 is ceil(bits / 7) for 1 to 64 bits without a division (protobuf's).
+size_t varint_size(uint64_t v) { return (size_t(63 - __builtin_clzll(v | 1)) * 9 + 73) / 64; }
+
+// A length-delimited field of `n` bytes (a field number below 16: one tag byte).
+size_t len_field_size(size_t n) { return 1 + varint_size(n) + n; }
+
+uint8_t* put_len_head(uint8_t* w, uint32_t field, size_t n) {
+  *w++ = uint8_t(field << 3 | sp::kLen);
+  return sp::write_varint(w, n);
+}
+
+// f(T{}) for the element type T of an integer dtype (bool: its byte).
+template <typename F>
+auto with_int(int dtype, F&& f) {
+  switch (dtype) {
+    case kInt8: return f(int8_t{});
+    case kUint8: case kBool: return f(uint8_t{});
+    case kInt16: return f(int16_t{});
+    case kUint16: return f(uint16_t{});
+    case kInt32: return f(int32_t{});
+    default: return f(int64_t{});
   }
-  const size_t w = raw_width(dtype);
-  std::string values;
-  values.reserve(count * (dtype == kInt64 ? 4 : 2));
-  for (size_t i = 0; i < count; ++i) {
-    int64_t v = load_int(dtype, raw + i * w);
-    if (dtype == kBool && raw[i] > 1) return false;  // the reference refuses it (v2) or reads it its own way
-    put_varint(values, uint64_t(v));                 // int32 and smaller: sign-extended, as protobuf writes int32
+}
+
+// A raw element as protobuf writes it as a varint: signed types sign-extended (int32 too).
+template <typename T>
+uint64_t int_at(const uint8_t* raw, size_t i) {
+  T x;
+  std::memcpy(&x, raw + i * sizeof(T), sizeof(T));
+  return uint64_t(int64_t(x));
+}
+
+template <typename T>
+size_t ints_size(const uint8_t* raw, size_t count) {
+  size_t n = 0;
+  for (size_t i = 0; i < count; ++i) n += varint_size(int_at<T>(raw, i));
+  return n;
+}
+
+// v's varint at w, whose 10 bytes from w must be writable: its low 56 bits spread over 8 bytes
+// at once (hashed 63-bit ids take 9 bytes: a byte loop costs a store and a branch a byte).
+inline uint8_t* put_varint_wide(uint8_t* w, uint64_t v) {
+  if (v < 0x80) {
+    *w = uint8_t(v);
+    return w + 1;
   }
-  put_bytes(a, uint32_t(field), values);
+  const size_t n = varint_size(v);
+  const uint64_t low = (v & 0x7f) | (v << 1 & 0x7f00) | (v << 2 & 0x7f0000) | (v << 3 & 0x7f000000) |
+                       (v << 4 & 0x7f00000000) | (v << 5 & 0x7f0000000000) | (v << 6 & 0x7f000000000000) |
+                       (v << 7 & 0x7f00000000000000);
+  const uint64_t more = n > 8 ? 0x8080808080808080 : 0x8080808080808080 >> (8 * (9 - n));  // bytes 0..n-2
+  const uint64_t word = low | more;
+  std::memcpy(w, &word, 8);
+  w[8] = uint8_t(v >> 56 & 0x7f) | (n > 9 ? 0x80 : 0);
+  w[9] = uint8_t(v >> 63);
+  return w + n;
+}
+
+// The varints of `count` raw elements into [w, end) (their size: ints_size).
+template <typename T>
+uint8_t* put_ints(uint8_t* w, uint8_t* end, const uint8_t* raw, size_t count) {
+  size_t i = 0;
+  for (; i < count && end - w >= 10; ++i) w = put_varint_wide(w, int_at<T>(raw, i));
+  for (; i < count; ++i) w = sp::write_varint(w, int_at<T>(raw, i));  // the last few: no slack
+  return w;
+}
+
+// One input's values as they go into our ArrayProto.
+struct Values {
+  enum Kind {
+    kPayload,   // `data`: the value field's packed payload as is (raw floats/doubles, typed TensorProto values)
+    kInts,      // `data`: `count` raw little-endian integers of the dtype's width, written as varints
+    kStrings,   // `strings`: one string_val each
+    kPrefixed,  // `data`: `count` elements of a 4-byte little-endian length and that many bytes (v2 BYTES)
+  } kind = kPayload;
+  Span data;
+  const std::vector<Span>* strings = nullptr;
+  size_t count = 0;
+};
+
+// The bytes `v` takes in our ArrayProto of `dtype` (its value fields with their heads) and, for
+// kInts, the packed payload's length; false: values the direct path does not take (a bool byte
+// other than 0 or 1, malformed BYTES contents).
+bool values_size(int dtype, const Values& v, size_t& out, size_t& packed) {
+  out = packed = 0;
+  switch (v.kind) {
+    case Values::kPayload:
+      if (v.data.n) out = len_field_size(v.data.n);
+      return true;
+    case Values::kInts: {
+      if (dtype == kBool) {
+        for (size_t i = 0; i < v.count; ++i) {
+          if (v.data.p[i] > 1) return false;  // the reference refuses it (v2) or reads it its own way
+        }
+      }
+      const size_t n = with_int(dtype, [&](auto zero) { return ints_size<decltype(zero)>(v.data.p, v.count); });
+      if (v.count) out = len_field_size(n), packed = n;
+      return true;
+    }
+    case Values::kStrings:
+      for (const Span& s : *v.strings) out += len_field_size(s.n);
+      return true;
+    case Values::kPrefixed: {
+      const uint8_t* p = v.data.p;
+      const uint8_t* end = v.data.p + v.data.n;
+      for (size_t i = 0; i < v.count; ++i) {
+        uint32_t n;
+        if (end - p < 4) return false;
+        std::memcpy(&n, p, 4);
+        p += 4;
+        if (n > size_t(end - p)) return false;
+        out += len_field_size(n);
+        p += n;
+      }
+      return p == end;
+    }
+  }
+  return false;
+}
+
+uint8_t* put_values(uint8_t* w, int dtype, const Values& v, size_t packed) {
+  const uint32_t field = uint32_t(eas_field(dtype));
+  switch (v.kind) {
+    case Values::kPayload:
+      if (v.data.n == 0) return w;
+      w = put_len_head(w, field, v.data.n);
+      std::memcpy(w, v.data.p, v.data.n);
+      return w + v.data.n;
+    case Values::kInts: {
+      if (v.count == 0) return w;
+      w = put_len_head(w, field, packed);
+      return with_int(dtype, [&](auto zero) { return put_ints<decltype(zero)>(w, w + packed, v.data.p, v.count); });
+    }
+    case Values::kStrings:
+      for (const Span& s : *v.strings) {
+        w = put_len_head(w, field, s.n);
+        std::memcpy(w, s.p, s.n);
+        w += s.n;
+      }
+      return w;
+    case Values::kPrefixed: {
+      const uint8_t* p = v.data.p;
+      for (size_t i = 0; i < v.count; ++i) {  // checked by values_size
+        uint32_t n;
+        std::memcpy(&n, p, 4);
+        w = put_len_head(w, field, n);
+        std::memcpy(w, p + 4, n);
+        w += n;
+        p += 4 + n;
+      }
+      return w;
+    }
+  }
+  return w;
+}
+
+// Appends to `eas` one inputs entry (our PredictRequest's field 2: {key, ArrayProto}) of `dtype`,
+// `shape` and `values`; false (nothing appended): values the direct path does not take.
+bool put_input(std::string& eas, Span key, int dtype, const std::vector<int64_t>& shape, const Values& values) {
+  size_t dims = 0, vals, packed;
+  for (int64_t d : shape) dims += varint_size(uint64_t(d));
+  if (!values_size(dtype, values, vals, packed)) return false;
+  const size_t shape_msg = dims ? len_field_size(dims) : 0;
+  const size_t array = 1 + varint_size(uint64_t(dtype)) + len_field_size(shape_msg) + vals;
+  const size_t entry = len_field_size(key.n) + len_field_size(array);
+  const size_t at = eas.size();
+  eas.resize(at + len_field_size(entry));
+  auto* w = reinterpret_cast<uint8_t*>(&eas[at]);
+  w = put_len_head(w, 2, entry);
+  w = put_len_head(w, 1, key.n);
+  std::memcpy(w, key.p, key.n);
+  w = put_len_head(w + key.n, 2, array);
+  *w++ = uint8_t(1 << 3 | sp::kVarint);
+  w = sp::write_varint(w, uint64_t(dtype));
+  w = put_len_head(w, 2, shape_msg);
+  if (dims) {
+    w = put_len_head(w, 1, dims);
+    for (int64_t d : shape) w = sp::write_varint(w, uint64_t(d));
+  }
+  put_values(w, dtype, values, packed);
   return true;
 }
 
-// One map entry {key, value} of our PredictRequest's inputs (field 2).
-void put_input(std::string& eas, Span key, const std::string& array) {
-  std::string entry;
-  put_bytes(entry, 1, key.p, key.n);
-  put_bytes(entry, 2, array);
-  put_bytes(eas, 2, entry);
+// The Values of `count` raw little-endian elements of a numeric dtype (no half: the direct path
+// does not run it); false: a dtype it does not take.
+bool raw_values(int dtype, Span raw, size_t count, Values& v) {
+  const int field = eas_field(dtype);
+  if (field == 0 || field == 6 || dtype == kHalf) return false;
+  v.kind = field == 3 || field == 4 ? Values::kPayload : Values::kInts;
+  v.data = raw;
+  v.count = count;
+  return true;
 }
 
 // --- reading --------------------------------------------------------------------------------
@@ -239,8 +392,13 @@ bool parse_tensor(Span t, Tensor& out) {
         out.has_content = true;
         break;
       case 8:  // string_val
-        if (wire != sp::kLen || !sp::read_len(p, end, s)) return false;
-        out.strings.push_back(s);
+        if (wire != sp::kLen) return false;
+        if (out.strings.empty() && out.has_shape) {  // one allocation; the shape comes first as written
+          size_t count;
+          if (element_count(out.shape, count)) out.strings.reserve(std::min(count, t.n / 2));  // 2+ bytes each
+        }
+        // read in place: a Span read into a local and copied in stalls on store forwarding (2 stores, 1 load)
+        if (!sp::read_len(p, end, out.strings.emplace_back())) return false;
         break;
       case 5: case 6: case 7: case 10: case 11:  // packed numbers (unpacked: not taken)
         if (wire != sp::kLen || out.seen[field] || !sp::read_len(p, end, out.typed[field])) return false;
@@ -270,8 +428,8 @@ int tfs_field(int dtype) {
   }
 }
 
-// A TensorProto as our ArrayProto (see the file comment for what is not taken).
-bool tfs_to_array(const Tensor& t, std::string& a) {
+// A TensorProto's values as our ArrayProto's (see the file comment for what is not taken).
+bool tfs_values(const Tensor& t, Values& v) {
   size_t count;
   if (!element_count(t.shape, count)) return false;
   const int dtype = t.dtype;
@@ -280,19 +438,15 @@ bool tfs_to_array(const Tensor& t, std::string& a) {
   for (bool seen : t.seen) typed_seen += seen;
   if (dtype == kString) {
     if (content || typed_seen || t.strings.size() != count) return false;
-    put_tag(a, 1, sp::kVarint);
-    put_varint(a, kString);
-    std::string dims = packed_dims(t.shape), shape_msg;
-    if (!dims.empty()) put_bytes(shape_msg, 1, dims);
-    put_bytes(a, 2, shape_msg);
-    for (const Span& s : t.strings) put_bytes(a, 6, s.p, s.n);
+    v.kind = Values::kStrings;
+    v.strings = &t.strings;
     return true;
   }
   const size_t w = raw_width(dtype);
   if (w == 0 || dtype == kHalf || !t.strings.empty()) return false;
   if (content) {
     if (typed_seen || t.content.n != count * w) return false;
-    return put_array_raw(a, dtype, t.shape, t.content.p, count);
+    return raw_values(dtype, t.content, count, v);
   }
   const int field = tfs_field(dtype);
   if (typed_seen > 1 || (typed_seen == 1 && !t.seen[field])) return false;
@@ -306,12 +460,8 @@ bool tfs_to_array(const Tensor& t, std::string& a) {
     return false;
   }
   if (given != count) return false;  // one value broadcast, or a wrong count: the reference's
-  put_tag(a, 1, sp::kVarint);
-  put_varint(a, uint64_t(dtype));
-  std::string dims = packed_dims(t.shape), shape_msg;
-  if (!dims.empty()) put_bytes(shape_msg, 1, dims);
-  put_bytes(a, 2, shape_msg);
-  if (count) put_bytes(a, uint32_t(eas_field(dtype)), values.p, values.n);  // same payload, our field
+  v.kind = Values::kPayload;  // the same payload under our field number
+  v.data = values;
   return true;
 }
 
@@ -450,7 +600,8 @@ bool tfs_predict_request(const uint8_t* data, size_t size, TfsRequest& out) {
   const uint8_t* p = data;
   const uint8_t* end = data + size;
   bool has_spec = false;
-  std::string filter, array;
+  std::string filter;
+  out.eas.reserve(size + size / 8 + 256);  // raw int64 ids grow by ~1/8 as varints; one allocation
   while (p < end) {
     uint32_t field, wire;
     Span s;
@@ -489,9 +640,11 @@ bool tfs_predict_request(const uint8_t* data, size_t size, TfsRequest& out) {
         (f == 1 ? has_key : has_value) = true;
       }
       Tensor t;
-      array.clear();
-      if (!has_key || !sp::is_ascii(key) || !parse_tensor(value, t) || !tfs_to_array(t, array)) return false;
-      put_input(out.eas, key, array);
+      Values v;
+      if (!has_key || !sp::is_ascii(key) || !parse_tensor(value, t) || !tfs_values(t, v) ||
+          !put_input(out.eas, key, t.dtype, t.shape, v)) {
+        return false;
+      }
     } else if (field == 3) {  // output_filter
       if (!sp::read_len(p, end, s) || !sp::is_ascii(s)) return false;
       put_bytes(filter, 3, s.p, s.n);
@@ -626,22 +779,6 @@ bool parse_v2_input(Span s, V2Input& in) {
   return named && in.shape.size() <= kMaxRank;
 }
 
-// Raw BYTES contents: exactly `count` length-prefixed elements, ending at the end.
-bool v2_strings(Span raw, size_t count, std::string& a) {
-  const uint8_t* p = raw.p;
-  const uint8_t* end = raw.p + raw.n;
-  for (size_t i = 0; i < count; ++i) {
-    uint32_t n;
-    if (end - p < 4) return false;
-    std::memcpy(&n, p, 4);
-    p += 4;
-    if (n > size_t(end - p)) return false;
-    put_bytes(a, 6, p, n);
-    p += n;
-  }
-  return p == end;
-}
-
 }  // namespace
 
 bool v2_infer_request(const uint8_t* data, size_t size, V2Request& out) {
@@ -694,24 +831,21 @@ bool v2_infer_request(const uint8_t* data, size_t size, V2Request& out) {
     }
   }
   if (out.model.empty() || inputs.empty() || raws.size() != inputs.size()) return false;
-  std::string array;
+  out.eas.reserve(size + size / 8 + 256);  // as tfs_predict_request's
   for (size_t i = 0; i < inputs.size(); ++i) {
     const V2Input& in = inputs[i];
     const int dtype = v2_dtype(in.datatype);
     size_t count;
+    Values v;
     if (dtype == 0 || dtype == kHalf || !element_count(in.shape, count)) return false;
-    array.clear();
     if (dtype == kString) {
-      put_tag(array, 1, sp::kVarint);
-      put_varint(array, kString);
-      std::string dims = packed_dims(in.shape), shape_msg;
-      if (!dims.empty()) put_bytes(shape_msg, 1, dims);
-      put_bytes(array, 2, shape_msg);
-      if (!v2_strings(raws[i], count, array)) return false;
-    } else if (raws[i].n != count * raw_width(dtype) || !put_array_raw(array, dtype, in.shape, raws[i].p, count)) {
+      v.kind = Values::kPrefixed;  // exactly `count` length-prefixed elements, ending at the end
+      v.data = raws[i];
+      v.count = count;
+    } else if (raws[i].n != count * raw_width(dtype) || !raw_values(dtype, raws[i], count, v)) {
       return false;
     }
-    put_input(out.eas, in.name, array);
+    if (!put_input(out.eas, in.name, dtype, in.shape, v)) return false;
   }
   out.eas += filter;
   return true;

@@ -176,6 +176,27 @@ def test_a_v2_request_reads_as_python_reads_it(shape):
         _same(got[tensor.name], oip.to_array(tensor))
 
 
+def _every_varint_length(dtype) -> np.ndarray:
+    """Integers whose varints take every length from 1 to 10 bytes (negatives: 10), in an order
+    that puts each length at the payload's end too (the writer's last bytes have no slack)."""
+    info = np.iinfo(dtype)
+    edges = [0, 1, info.max, info.min, -1] + [int(s * (1 << k) + d) for k in range(info.bits - 1)
+                                              for s in (1, -1) for d in (-1, 0)]
+    values = np.array([v for v in edges if info.min <= v <= info.max], dtype=dtype)
+    return np.concatenate([values, values[::-1], values[:7]])
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.int16, np.int8, np.uint16, np.uint8])
+def test_integers_of_every_varint_length_read_as_python_reads_them(dtype):
+    for size in (1, 2, 9, 10, 11, 40):  # the tail written without slack, alone and after others
+        values = _every_varint_length(dtype)[-size:]
+        tfs = _tfs_request({"x": values}, True)
+        v2 = _v2_request({"x": values})
+        for eas in (native.tfs_request(tfs.SerializeToString())[-1], native.v2_request(v2.SerializeToString())[-1]):
+            got, _ = _eas_arrays(eas)
+            _same(got["x"], values)
+
+
 def test_what_a_v2_request_leaves_to_python():
     rng = np.random.default_rng(2)
     plain = {"x": _array(np.float32, (2, 3), rng)}
