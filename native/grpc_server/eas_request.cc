@@ -11,15 +11,12 @@ namespace {
 
 using sp::Span;
 
-// (floor(log2 v) * 9 + 73) / 64 is ceil(bits / 7) for 1 to 64 bits without a division (protobuf's).
-size_t varint_size(uint64_t v) { return (size_t(63 - __builtin_clzll(v | 1)) * 9 + 73) / 64; }
+using sp::len_field_size;
+using sp::varint_size;
 
-// A length-delimited field of `n` bytes (a field number below 16: one tag byte).
-size_t len_field_size(size_t n) { return 1 + varint_size(n) + n; }
-
+// The head of length-delimited field `field` (1..15) of `n` bytes.
 uint8_t* put_len_head(uint8_t* w, uint32_t field, size_t n) {
-  *w++ = uint8_t(field << 3 | sp::kLen);
-  return sp::write_varint(w, n);
+  return sp::write_len_header(w, uint8_t(field << 3 | sp::kLen), n);
 }
 
 // f(T{}) for the element type T of an integer dtype (bool: its byte).

@@ -86,11 +86,6 @@ bool key_before(const Output& a, const Output& b) {
   return a.key.size() > b.key.size();
 }
 
-uint8_t* write_len_header(uint8_t* p, uint8_t tag, size_t n) {
-  *p++ = tag;
-  return write_varint(p, n);
-}
-
 }  // namespace
 
 size_t response_size(std::vector<Output>& outputs) {
