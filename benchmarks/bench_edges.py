@@ -16,9 +16,10 @@ tables of 20,000 x 16, MLP 256-128-1) with ``session_num`` 2, per-session pools,
   connections (wrk) and 64 gRPC streams (h2load), ``batching`` on vs off (``--batching-only``:
   these rows alone, with issue 44's targets).
 
-Every server is started first; then each row is loaded in turn, for ``--rounds`` rounds: the
-machine's speed drifts by up to a third within minutes, so a figure is the median of its
-rounds and a ratio the median of ratios between rows of the same round. Figures: req/s,
+Every server is started first; then each row is loaded in turn, for ``--rounds`` rounds, odd
+rounds in the reverse order: the machine's speed drifts by up to a third within minutes, so a
+figure is the median of its rounds and a ratio the median of ratios between rows of the same
+round (the reversal puts each row of a pair first as often as second). Figures: req/s,
 p50/p99 (ms), server CPU per request (us, the server process's user + system time over the
 timed run / requests, its worker processes' included). Writes ``benchmarks/results/edges.json``
 and ``.md`` (``--tag NAME``: ``edges-NAME``).
@@ -204,9 +205,10 @@ def bench(args) -> dict:
     tools = native_load.available()
     if not all(tools.values()):
         raise SystemExit(f"needs wrk and h2load (apt-get install wrk nghttp2-client): {tools}")
+    host = machine()  # its load average before the run's own load
     work = Path(tempfile.mkdtemp(prefix="bench_edges_"))
     if args.batching_only:
-        return {"machine": machine(), "seconds": args.seconds, "rounds": args.rounds,
+        return {"machine": host, "seconds": args.seconds, "rounds": args.rounds,
                 "rows": edge_batching(work, args.seconds, args.rounds), "placement": placement(args)}
     model_dir = work / "dlrm"
     dlrm_onnx.build(model_dir / "model.onnx", rows=20_000, dim=16)
@@ -296,7 +298,7 @@ def bench(args) -> dict:
                         plan.append((label, PACED, b, server.proc, port, path, body, headers, rate))
         for round_ in range(args.rounds):
             limit(round_)
-            for label, edge, b, proc, port, path, body, headers, rate in plan:
+            for label, edge, b, proc, port, path, body, headers, rate in (plan if round_ % 2 == 0 else plan[::-1]):
                 r = load(edge, port, proc.pid, path, body, headers, args.seconds, cpus=args.load_cpus, rate=rate,
                          threads=args.load_threads)
                 rows.append({"server": label, "edge": edge, "batch": b, "round": round_, **r})
@@ -305,7 +307,7 @@ def bench(args) -> dict:
 
     if not args.skip_batching and not native_only:
         rows.extend(edge_batching(work, args.seconds, args.rounds))
-    return {"machine": machine(), "seconds": args.seconds, "rounds": args.rounds, "rows": rows,
+    return {"machine": host, "seconds": args.seconds, "rounds": args.rounds, "order": "alternating", "rows": rows,
             "placement": placement(args)}
 
 

@@ -33,8 +33,9 @@ def report(result: dict) -> str:
     def median(group: list[dict], key: str) -> float:
         return statistics.median(r[key] for r in group)
 
+    order = "odd rounds in reverse order" if result.get("order") == "alternating" else "round after round"
     lines = [f"# Network edges vs the engine and the bare stack ({result['machine']})", "",
-             f"{result['seconds']} s per row, {result.get('rounds', 1)} rounds (every row in turn, round after round: "
+             f"{result['seconds']} s per row, {result.get('rounds', 1)} rounds (every row in turn, {order}: "
              "each figure is the median of its rounds, each ratio the median of the rounds' ratios); DLRM-like "
              ".onnx, session_num 2, per-session pools, intra-op 1; HTTP: wrk, 32 connections; gRPC: h2load, "
              f"8 connections x 4 streams; {result.get('placement', 'one machine')}.", "",
