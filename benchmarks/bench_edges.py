@@ -185,12 +185,14 @@ def our_server(work: Path, models: list[dict], http_port: int, grpc_port: int, c
 
 
 def load(edge: str, port: int, pid: int, path: str, body: bytes, headers: dict, seconds: float,
-         connections: int = 32, cpus: str | None = None, threads: int = 2, rate: float | None = None) -> dict:
+         connections: int = 32, cpus: str | None = None, threads: int = 2, rate: float | None = None,
+         metrics_url: str | None = None) -> dict:
     """One row's load: h2load for the gRPC edges (``rate``: paced at about that many calls a
-    second), wrk for the HTTP ones."""
+    second; ``metrics_url``: our server's /metrics, for the gRPC errors h2load cannot see), wrk
+    for the HTTP ones."""
     if edge in GRPC_EDGES or edge == PACED or edge.startswith("gRPC floor"):
         return native_load.h2load(f"http://127.0.0.1:{port}{path}", body, headers, pid, clients=8, streams=4,
-                                  seconds=seconds, cpus=cpus, threads=threads, rate=rate)
+                                  seconds=seconds, cpus=cpus, threads=threads, rate=rate, metrics_url=metrics_url)
     return native_load.wrk(f"http://127.0.0.1:{port}{path}", body, headers, pid, connections=connections,
                            seconds=seconds, cpus=cpus, threads=threads)
 
@@ -243,7 +245,7 @@ def bench(args) -> dict:
     # round: the machine's speed drifts by a third within minutes, and a ratio is taken between
     # rows of the same round
     answer_bytes = len(encode_request({"prob": expected[1]}))
-    plan: list[tuple] = []  # (server, edge, batch, process, port, path, body, headers, rate | None)
+    plan: list[tuple] = []  # (server, edge, batch, process, port, path, body, headers, rate | None, metrics | None)
     with contextlib.ExitStack() as stack:
         stack.callback(processor.close)
         for kind, name, extra, path, edge in (
@@ -259,7 +261,7 @@ def bench(args) -> dict:
                  str(answer_bytes), *extra], args.server_cpus)))
             floor.wait_line("READY")
             plan.append(("floor", name, 1, floor.proc, port, path, requests[1][edge][1],
-                         {"Content-Type": PROTOBUF} if kind == "http" else {}, None))
+                         {"Content-Type": PROTOBUF} if kind == "http" else {}, None, None))
         servers = [] if native_only else [
             ("ours", config, {}, HTTP_EDGES + GRPC_EDGES, BATCHES),
             # without its access log's successful lines (written off the request's thread, but on
@@ -291,16 +293,17 @@ def bench(args) -> dict:
                     if diff > 1e-5:
                         raise AssertionError(f"{label} {edge} batch {b}: answers differ from process() by {diff}")
                     port = grpc_port if edge in GRPC_EDGES else http_port
-                    plan.append((label, edge, b, server.proc, port, path, body, headers, None))
+                    plan.append((label, edge, b, server.proc, port, path, body, headers, None, f"{http}/metrics"))
                     if edge == "gRPC ours" and label in (NATIVE, NATIVE_OTHER):
                         rate = PACED_SHARE[b] * statistics.median(
                             r["req_per_s"] for r in rows if r["edge"] == "process()" and r["batch"] == b)  # before
-                        plan.append((label, PACED, b, server.proc, port, path, body, headers, rate))
+                        plan.append((label, PACED, b, server.proc, port, path, body, headers, rate, f"{http}/metrics"))
         for round_ in range(args.rounds):
             limit(round_)
-            for label, edge, b, proc, port, path, body, headers, rate in (plan if round_ % 2 == 0 else plan[::-1]):
+            for label, edge, b, proc, port, path, body, headers, rate, metrics in (
+                    plan if round_ % 2 == 0 else plan[::-1]):
                 r = load(edge, port, proc.pid, path, body, headers, args.seconds, cpus=args.load_cpus, rate=rate,
-                         threads=args.load_threads)
+                         threads=args.load_threads, metrics_url=metrics)
                 rows.append({"server": label, "edge": edge, "batch": b, "round": round_, **r})
                 print(f"round {round_} {label} {edge} batch {b}: {r['req_per_s']:.0f}/s p99 {r['p99_ms']:.1f} ms, "
                       f"{r['cpu_us_per_request']:.0f} us/req, errors {r['errors']}", flush=True)
@@ -382,7 +385,8 @@ def edge_batching(work: Path, seconds: float, rounds: int) -> list[dict]:
                                     {"Content-Type": PROTOBUF}, server.proc.pid, connections=64, seconds=seconds)
                 out.append({"server": DEMO, "round": round_, "edge": f"HTTP ours, batching {on}", "batch": 1, **r})
                 g = native_load.h2load(f"http://127.0.0.1:{grpc_port}{GRPC_PREDICT}", body,
-                                       {"model-name": MODEL}, server.proc.pid, clients=8, streams=8, seconds=seconds)
+                                       {"model-name": MODEL}, server.proc.pid, clients=8, streams=8, seconds=seconds,
+                                       metrics_url=f"http://127.0.0.1:{http_port}/metrics")
                 out.append({"server": DEMO, "round": round_, "edge": f"gRPC ours, batching {on}", "batch": 1, **g})
                 print(f"demo TF batching {on}, round {round_}: HTTP {r['req_per_s']:.0f}/s p99 {r['p99_ms']:.1f} ms, "
                       f"gRPC {g['req_per_s']:.0f}/s p99 {g['p99_ms']:.1f} ms", flush=True)

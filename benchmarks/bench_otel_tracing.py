@@ -182,7 +182,8 @@ def bench(args) -> dict:
                 for label, (server, http_port, grpc_port) in servers.items():
                     port = grpc_port if edge == "gRPC ours" else http_port
                     headers = {"Content-Type": "application/x-protobuf"} if edge == "HTTP ours" else {}
-                    r = load(edge, port, server.proc.pid, path, body, headers, args.seconds)
+                    r = load(edge, port, server.proc.pid, path, body, headers, args.seconds,
+                             metrics_url=f"http://127.0.0.1:{http_port}/metrics")
                     rows.append({"setting": label, "edge": edge, "round": round_, **r})
                     print(f"round {round_} {edge} tracing {label}: {r['req_per_s']:.0f}/s p50 {r['p50_ms']:.2f} "
                           f"p99 {r['p99_ms']:.2f} ms, {r['cpu_us_per_request']:.0f} us/req, errors {r['errors']}",

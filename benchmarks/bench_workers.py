@@ -180,7 +180,8 @@ def _throughput_round(model_dir: Path, workers_list: list[int], seconds: float, 
             pid = server.proc.pid  # the CPU figure is the supervisor's (not its live workers'): left out
             http = native_load.wrk(f"{server.http}/api/predict/{MODEL}", body, {}, pid, seconds=seconds)
             grpc = native_load.h2load(f"http://{server.grpc_target}/tensorflow.eas.ProcessorService/Predict",
-                                      body, {"model-name": MODEL}, pid, seconds=seconds)
+                                      body, {"model-name": MODEL}, pid, seconds=seconds,
+                                      metrics_url=f"{server.http}/metrics")
         for edge, result in (("HTTP ours (wrk)", http), ("gRPC ours (h2load)", grpc)):
             result.pop("cpu_us_per_request", None)
             rows.append({"workers": workers, "edge": edge, **result})

@@ -7,7 +7,9 @@ its children, from ``/proc/<pid>/stat``) is read around the timed run, so the fi
 CPU per request, whatever else the machine runs; so are its context switches (its live threads'
 and its worker processes', from ``/proc/<pid>/task/*/status``). Returns req/s, p50/p99 latency
 (ms), ``cpu_us_per_request``, ``voluntary_cs_per_request`` and ``involuntary_cs_per_request``;
-``errors`` counts non-2xx answers (wrk) or failed requests (h2load).
+``errors`` counts non-2xx answers (wrk) or failed requests (h2load). A gRPC error travels in
+the trailers of an HTTP/2 200, which h2load counts as a success: given our server's ``/metrics``
+URL, h2load adds the failed gRPC calls the server counted during the timed run.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import shutil
 import struct
 import subprocess
 import tempfile
+import urllib.request
 from pathlib import Path
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -133,12 +136,25 @@ def _wrk_ms(out: str, percentile: str) -> float:
     return value / 1000 if unit == "us" else value * 1000 if unit == "s" else value
 
 
+def grpc_errors(metrics_url: str) -> float:
+    """The failed gRPC calls our server has counted (``sp_request_errors_total`` of protocol
+    ``grpc``, every model and code), from its Prometheus text at ``metrics_url``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(metrics_url, timeout=30).read().decode()
+    return sum(sample.value for family in text_string_to_metric_families(text) if family.name == "sp_request_errors"
+               for sample in family.samples
+               if sample.name == "sp_request_errors_total" and sample.labels.get("protocol") == "grpc")
+
+
 def h2load(url: str, message: bytes, headers: dict[str, str], pid: int, *, clients: int = 8, streams: int = 4,
            seconds: float = 5.0, warmup: float = 1.0, threads: int = 2, cpus: str | None = None,
-           rate: float | None = None) -> dict:
+           rate: float | None = None, metrics_url: str | None = None) -> dict:
     """Unary gRPC calls of ``message`` to ``url`` (``http://host:port/package.Service/Method``) from
     ``clients`` h2c connections with ``streams`` concurrent streams each; ``rate``: paced at about
-    that many calls a second in all (h2load's ``--rps`` per client), else as fast as answered."""
+    that many calls a second in all (h2load's ``--rps`` per client), else as fast as answered.
+    ``metrics_url``: our server's ``/metrics``, whose failed gRPC calls of the timed run count as
+    errors too (h2load sees HTTP/2 statuses only)."""
     with tempfile.TemporaryDirectory() as tmp:
         body_file, log_file = Path(tmp) / "body", Path(tmp) / "log"
         body_file.write_bytes(grpc_frame(message))
@@ -158,7 +174,9 @@ def h2load(url: str, message: bytes, headers: dict[str, str], pid: int, *, clien
 
         if warmup > 0:
             run(warmup, False)
+        failed_before = grpc_errors(metrics_url) if metrics_url else 0.0
         out, costs = _measured(pid, lambda: run(seconds, True))
+        failed = int(grpc_errors(metrics_url) - failed_before) if metrics_url else 0
         durations = sorted(int(line.split("\t")[2]) for line in log_file.read_text().splitlines()
                            if line.count("\t") >= 2)
     done = re.search(r"requests: \d+ total, \d+ started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored",
@@ -170,4 +188,5 @@ def h2load(url: str, message: bytes, headers: dict[str, str], pid: int, *, clien
             "p50_ms": durations[len(durations) // 2] / 1000 if durations else None,
             "p99_ms": durations[min(len(durations) - 1, int(len(durations) * 0.99))] / 1000 if durations else None,
             **costs(requests),
-            "errors": int(done.group(3)) + int(done.group(4))}
+            # the server also answers the calls in flight when h2load stops, which h2load leaves out
+            "errors": min(requests, int(done.group(3)) + int(done.group(4)) + failed)}
