@@ -4,7 +4,7 @@
 // handlers through one generic bridge.
 //
 // Server: a grpc::Server with one CallbackGenericService (raw ByteBuffers, no generated stubs).
-// Each call gets a Reactor; once its request message has arrived it is either
+// Each call gets a Reactor (reactor.h); once its request message has arrived it is either
 //   * served on the direct path: a Predict-like method Python serves (DirectApi) to a model Python
 //     has published a Route for (a batching model whose plan is plain: native/src/direct_front.h),
 //     naming no version or label (TF Serving: no signature but the default; v2: the route's
