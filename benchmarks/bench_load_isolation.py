@@ -9,7 +9,10 @@ model (``demo.dlrm_onnx``: 26 Gather tables of 20,000 x 16, MLP 256-128-1); a pa
 * **during a load**: the big model (the same network with ``--rows`` rows per table: about 1 GB
   of parameters at the default) is loaded through KServe v2's repository API (``POST
   /v2/repository/models/big/load``, which answers once it serves), then unloaded; the probe's
-  latencies between the load's start and its answer are the "during" sample.
+  latencies between the load's start and its answer are the "during" sample. Its file is
+  touched before each load, so each one imports it into the conversion cache anew, as a new
+  version's file is (``--cached``: only the first round imports; the later ones load the
+  cache's entry, as a restart does).
 
 Rounds alternate the big model's ``load_nice`` between 10 (the default: the load and its warm-up
 below serving priority, ``processor/load_priority.py``) and 0 (at serving priority), so the two
@@ -137,6 +140,8 @@ def _bench(args, work: Path) -> dict:
             time.sleep(2.0)  # connections made, pools warm
             for index in range(args.rounds):
                 load_nice = 10 if index % 2 == 0 else 0
+                if not args.cached:
+                    os.utime(big_path / "model.onnx")  # a new mtime: a new cache key, imported again
                 rest_start = time.perf_counter()
                 time.sleep(args.rest_seconds)
                 rest = client.between(rest_start, time.perf_counter())
@@ -150,8 +155,10 @@ def _bench(args, work: Path) -> dict:
                 _post(server.http_port, "/v2/repository/models/big/unload", {})
                 time.sleep(1.0)  # the unloaded version freed
                 rounds.append({"load_nice": load_nice, "load_seconds": ended - started,
-                               "rest": {"n": len(rest), "p50_ms": _p(rest, 0.5), "p99_ms": _p(rest, 0.99)},
-                               "during": {"n": len(during), "p50_ms": _p(during, 0.5), "p99_ms": _p(during, 0.99)}})
+                               "rest": {"n": len(rest), "p50_ms": _p(rest, 0.5), "p99_ms": _p(rest, 0.99),
+                                        "max_ms": _p(rest, 1.0)},
+                               "during": {"n": len(during), "p50_ms": _p(during, 0.5), "p99_ms": _p(during, 0.99),
+                                          "max_ms": _p(during, 1.0)}})
                 print(json.dumps(rounds[-1]), flush=True)
         finally:
             client.close()
@@ -165,7 +172,8 @@ def _bench(args, work: Path) -> dict:
             ratios[f"load_nice_{nice}"] = statistics.median(r["during"]["p99_ms"] / r["rest"]["p99_ms"] for r in rows)
     return {"machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine()},
             "big_model_bytes": big_bytes, "rows": args.rows, "clients": args.clients, "pause_ms": args.pause_ms,
-            "process_limit_calls_per_s": limit["calls_per_s"], "rounds": rounds, "p99_ratios": ratios,
+            "process_limit_calls_per_s": limit["calls_per_s"],
+            "imported": "first round" if args.cached else "every round", "rounds": rounds, "p99_ratios": ratios,
             "target_p99_ratio_at_most": 1.2}
 
 
@@ -173,13 +181,19 @@ def markdown(result: dict) -> str:
     lines = [f"# Loading beside a serving model ({result['machine']['cpus']} CPUs)", "",
              f"Big model: {result['big_model_bytes'] / MIB:,.0f} MiB of ONNX (26 tables of {result['rows']:,} x 16); "
              f"probe: {result['clients']} paced clients (pause {result['pause_ms']} ms); the limit, the probe's "
-             f"`process()` from 1 thread: {result['process_limit_calls_per_s']:,.0f} calls/s", "",
-             "| round | load_nice | load s | rest n | rest p50 ms | rest p99 ms | during n | during p50 ms | "
-             "during p99 ms | p99 during / rest |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             f"`process()` from 1 thread: {result['process_limit_calls_per_s']:,.0f} calls/s. "
+             + ("Every round's load imports the `.onnx` into the conversion cache (as a new version's file)."
+                if result.get("imported") == "every round" else
+                "Round 1 imports the `.onnx` into the conversion cache; the later rounds load its entry."), "",
+             "| round | load_nice | load s | rest n | rest p50 ms | rest p99 ms | rest max ms | during n "
+             "| during p50 ms | during p99 ms | during max ms | p99 during / rest |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for i, r in enumerate(result["rounds"], 1):
-        lines.append(f"| {i} | {r['load_nice']} | {r['load_seconds']:.1f} | {r['rest']['n']} | {r['rest']['p50_ms']:.2f} "
-                     f"| {r['rest']['p99_ms']:.2f} | {r['during']['n']} | {r['during']['p50_ms']:.2f} "
-                     f"| {r['during']['p99_ms']:.2f} | {r['during']['p99_ms'] / r['rest']['p99_ms']:.2f} |")
+        rest, during = r["rest"], r["during"]
+        maxima = [f"{part['max_ms']:.2f}" if "max_ms" in part else "" for part in (rest, during)]
+        lines.append(f"| {i} | {r['load_nice']} | {r['load_seconds']:.1f} | {rest['n']} | {rest['p50_ms']:.2f} "
+                     f"| {rest['p99_ms']:.2f} | {maxima[0]} | {during['n']} | {during['p50_ms']:.2f} "
+                     f"| {during['p99_ms']:.2f} | {maxima[1]} | {during['p99_ms'] / rest['p99_ms']:.2f} |")
     target = result["target_p99_ratio_at_most"]
     lines += ["", "| load priority | median p99 during / rest | target | |", "|---|---:|---:|---|"]
     for key, value in result["p99_ratios"].items():
@@ -194,6 +208,8 @@ def main() -> None:
     parser.add_argument("--rest-seconds", type=float, default=5.0)
     parser.add_argument("--clients", type=int, default=2)
     parser.add_argument("--pause-ms", type=float, default=5.0)
+    parser.add_argument("--cached", action="store_true",
+                        help="the big model imported in the first round only (see the module doc)")
     parser.add_argument("--out-dir", type=Path, default=None)
     args = parser.parse_args()
     result = bench(args)

@@ -3,7 +3,9 @@
 Two sources, one result. A TensorFlow SavedModel is converted with tf2onnx and checked against
 TensorFlow (:mod:`processor.engine.onnx.from_tensorflow`: TF2 SavedModels through tf2onnx's TF2 path, so
 resource variables and ``tf.lookup.StaticHashTable`` convert as ``tf2onnx.convert --saved-model``
-converts them); a ``.onnx`` file in ``savedmodel_dir`` is taken as it is. Either way the result is a cache entry (a directory)::
+converts them); a ``.onnx`` file in ``savedmodel_dir`` is taken as it is, imported in a child
+process (:mod:`processor.engine.onnx.import_child`: a big model's parse holds the GIL for
+seconds). Either way the result is a cache entry (a directory)::
 
     <cache>/<key>/model.onnx       the graph; parameters stored as external data in weights.bin
     <cache>/<key>/weights.bin      every parameter, 64-byte aligned
@@ -43,8 +45,8 @@ from ...errors import Internal
 from ...shared_segments import flocked
 from ...signature import Signature
 from ...store.model_version import ModelVersion
-from .signature import signature_from_manifest, signature_of_onnx, signature_to_manifest
-from .weights import externalize_parameters
+from .import_child import import_model
+from .signature import signature_from_manifest
 from .from_tensorflow import OPSET, convert_savedmodel
 
 CONVERTER_REVISION = 3
@@ -115,7 +117,7 @@ def _convert(savedmodel_dir: str, version: ModelVersion, signature_name: str, on
     work = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=cache_root()))
     try:
         if onnx_file:
-            manifest = _import_onnx(onnx_file, work)
+            manifest = import_model(onnx_file, work)  # a big one off this process's GIL
         else:
             manifest = convert_savedmodel(savedmodel_dir, version, signature_name, work)
         manifest["key"] = key
@@ -172,20 +174,3 @@ def _cache_key(savedmodel_dir: str, version: ModelVersion, signature_name: str, 
         parts.update(kind="savedmodel", pb=_file_digest(pb), prefix=os.path.abspath(prefix),
                      files=_stat_list(prefix), signature=signature_name, tf2onnx=installed_version("tf2onnx"))
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
-
-
-# --- ONNX source ------------------------------------------------------------------------------
-
-def _import_onnx(onnx_file: str, work: Path) -> dict[str, Any]:
-    import onnx
-
-    try:
-        model = onnx.load(onnx_file)  # loads external data too
-    except Exception as exc:
-        raise Internal(f"cannot read ONNX model {onnx_file!r}: {type(exc).__name__}: {exc}") from exc
-    signature = signature_of_onnx(model, "serving_default")
-    # Initializers that are also graph inputs would be overridable by feeds; they are parameters here.
-    parameters = externalize_parameters(model, work, {})
-    onnx.save(model, str(work / "model.onnx"))
-    return {"source": {"kind": "onnx", "path": onnx_file}, "signature": signature_to_manifest(signature),
-            "parameters": parameters, "hashed_inputs": [], "check": {"status": "not applicable (ONNX source)"}}
