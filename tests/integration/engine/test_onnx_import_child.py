@@ -80,7 +80,9 @@ def test_a_model_from_the_childs_entry_serves_as_one_imported_here(model_file, t
     from processor.codec import decode_response, encode_request
 
     request = encode_request(dlrm_onnx.inputs(4, seed=4))
-    config = json.dumps({"savedmodel_dir": str(model_file.parent), "backend": "onnxruntime", "session_num": 1})
+    # per-session pools: ORT's global pools are process state every later session here would take
+    config = json.dumps({"savedmodel_dir": str(model_file.parent), "backend": "onnxruntime", "session_num": 1,
+                         "use_per_session_threads": True})
     answers = []
     for child in (False, True):
         monkeypatch.setenv("SP_ONNX_CACHE_DIR", str(tmp_path / f"cache-{child}"))
