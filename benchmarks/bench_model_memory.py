@@ -60,6 +60,9 @@ def child(spec: dict) -> dict:
     from processor.store.model_store import ModelStore
 
     if spec["engine"] == "tensorflow":
+        from processor import tensorflow_env
+
+        tensorflow_env.apply()  # TensorFlow's switches as the server's entry point sets them
         import tensorflow  # noqa: F401 - imported before any reading, as a server has it
     else:
         import onnxruntime  # noqa: F401

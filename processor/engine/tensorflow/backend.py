@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ... import shared_segments
+from ... import shared_segments, tensorflow_env
 from ...config import ModelConfig, shorten
 from ...errors import ConfigError, Internal, InvalidArgument, NotFound, ProcessorError
 from ...checkpoint.delta import Delta, VariableInfo, read_delta
@@ -420,6 +420,8 @@ class TensorFlowBackend:
         return {
             "engine": "tensorflow",
             "engine_version": tf.__version__,
+            # oneDNN's allocator keeps what it allocated; off, an unload returns memory (tensorflow_env)
+            "onednn": tensorflow_env.onednn_enabled(),
             "lanes": self.lanes,
             "weights": "one Session: one copy of every parameter for all lanes (and all graph copies)"
                        + ("; with workers > 1 each worker process restores its own copy (TensorFlow's "
