@@ -2,8 +2,9 @@
 
 A request acquires the handle for its whole duration; a swap retires the old handle, and the
 group is closed by whoever drops the last reference (the swapper if nothing is in flight, else
-the last request), and the allocator trimmed so that its memory is returned. So a version is
-freed only after its last request ends, and never while one runs. Thread-safe.
+the last request) and the allocator trimmed; its reference cycles (frozen ones too) are
+collected shortly after, once nothing reaches it, so that its memory is returned. So a version is freed only after its last request ends, and
+never while one runs. Thread-safe.
 """
 
 from __future__ import annotations
@@ -51,3 +52,4 @@ class ServableHandle:
     def _close(self) -> None:
         self.group.close()
         memory.trim()  # the allocator hands the freed version's pages back to the system
+        memory.reclaim_soon()  # and what of the version sits in a cycle, once it is unreachable

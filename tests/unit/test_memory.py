@@ -309,3 +309,46 @@ def test_estimate_of_an_onnx_model_counts_its_external_data(tmp_path):
     version = ModelVersion(-1, -1, savedmodel_dir=str(sm))
     model_bytes = (sm / "model.onnx").stat().st_size
     assert memory.estimate_load_bytes(ModelStore(), version, config(tmp_path)) == model_bytes + (3 << 30)
+
+
+class _Node:
+    """A reference cycle (``self.me = self``) for the collector tests."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+@pytest.fixture
+def frozen_cycle():
+    """A weak reference to a cycle frozen with the rest of the process's objects (as the server's
+    tune_gc freezes), unreachable from then on; the process unfrozen after the test."""
+    import gc
+    import weakref
+
+    node = _Node()
+    ref = weakref.ref(node)
+    gc.collect()
+    gc.freeze()
+    del node
+    gc.collect()
+    try:
+        yield ref
+    finally:
+        gc.unfreeze()
+
+
+def test_collect_cycles_frees_a_frozen_cycle_and_freezes_again(frozen_cycle):
+    import gc
+
+    assert frozen_cycle() is not None  # frozen: a plain collection never looks at it
+    memory.collect_cycles()
+    assert frozen_cycle() is None
+    assert gc.get_freeze_count() > 0
+
+
+def test_reclaim_soon_frees_it_on_its_own_thread(frozen_cycle):
+    from sp_checks import wait_for
+
+    memory.reclaim_soon(0.05)
+    memory.reclaim_soon(0.05)  # shares the first one's run
+    assert wait_for(lambda: frozen_cycle() is None, 10)

@@ -115,3 +115,26 @@ def test_sighup_rereads_the_file_and_two_workers_both_follow(models, tmp_path):
         # fresh connections spread over both workers: each serves b
         assert all(predict(server, "b")[0] == 200 for _ in range(30))
         assert server.stop() == 0
+
+
+@pytest.mark.timeout(300)
+def test_a_removed_model_gives_its_memory_back(models, tmp_path):
+    """The process's resident memory falls by at least 0.9 of what the removed model counted."""
+    from demo import dlrm_onnx
+    from tools.server_process import ServerProcess
+
+    big = tmp_path / "big"
+    dlrm_onnx.build(big / "model.onnx", rows=60_000, dim=16, seed=5)  # ~100 MB of parameters
+    a = entry("a", models["a"])
+    with ServerProcess(deployment(a, entry("big", big)), tmp_path / "server") as server:
+        assert predict(server, "big")[0] == 200
+        held = server.get_json("/api/memory")
+        counted = sum(sum(parts.values()) for parts in held["models"]["big"].values())
+        assert counted > 90 * 2**20, held["models"]["big"]
+        rss = held["budget"]["rss_bytes"]
+        rewrite(server, deployment(a))
+        assert wait_for(lambda: predict(server, "big")[0] == 404, 60)
+        # freed once the version's last request ended (then the heap is trimmed)
+        fallen = lambda: rss - server.get_json("/api/memory")["budget"]["rss_bytes"]  # noqa: E731
+        assert wait_for(lambda: fallen() >= 0.9 * counted, 30), (fallen() / 2**20, counted / 2**20)
+        assert predict(server, "a")[0] == 200
