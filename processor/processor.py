@@ -24,7 +24,8 @@ import threading
 import weakref
 from typing import Any
 
-from .config import ModelConfig, parse_json
+from .config import ModelConfig
+from .config_text import parse_json
 from .dataplane import DataPlane
 from . import tensorflow_env
 from .errors import STATUS_TABLE, ProcessorError, StatusCode, edge_error

@@ -59,7 +59,7 @@ def read_deployment(path: str | Path, overrides: dict[str, Any] | None = None) -
     ports, host, workers) applied; ConfigError naming the problem. The file is our JSON, or TF
     Serving's text-format ``ModelServerConfig`` (:mod:`server.tfserving.model_config`: its models, the
     server's keys at their defaults), told apart by its first character."""
-    from processor.config import read_json_file
+    from processor.config_text import read_json_file
 
     from .tfserving.model_config import is_json, read_model_entries
 

@@ -36,8 +36,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from processor.config import (ModelConfig, describe_validation_error, expect_object, parse_json, read_json_file,
-                              shorten, unknown_key_message)
+from processor.config import ModelConfig, shorten
+from processor.config_text import (describe_validation_error, expect_object, parse_json, read_json_file,
+                                   unknown_key_message)
 from processor.errors import ConfigError
 from processor.routing import LABEL_PATTERN, RoutingSettings, ShadowSettings
 

@@ -33,7 +33,7 @@ import numpy as np
 
 from processor import dtypes
 from processor.echo import shorten
-from processor.config import parse_json
+from processor.config_text import parse_json
 from processor.errors import Internal, InvalidArgument, NotFound, PayloadTooLarge
 from processor.request import MAX_VERSION, PredictCall, parse_version, version_number
 

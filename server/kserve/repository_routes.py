@@ -22,7 +22,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from processor.config import parse_json
+from processor.config_text import parse_json
 from processor.errors import InvalidArgument
 
 from .. import repository

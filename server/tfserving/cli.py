@@ -253,7 +253,7 @@ def _batching(flags: Flags, tr: Translation) -> None:
     from pydantic import ValidationError
 
     from processor.batching.settings import BatchingConfig
-    from processor.config import describe_validation_error
+    from processor.config_text import describe_validation_error
 
     from .text_protos import flag_message, read_file
 
@@ -363,7 +363,7 @@ def _single_model(name: str, base_path: str) -> Any:
 
 def _our_file(path: str) -> dict[str, Any]:
     """``--sp_config_file``: a deployment JSON object whose ``models`` (optional) name theirs."""
-    from processor.config import expect_object, read_json_file
+    from processor.config_text import expect_object, read_json_file
 
     data = read_json_file(path, "--sp_config_file")
     expect_object(data, "--sp_config_file")
@@ -382,7 +382,7 @@ def _over(entry: dict[str, Any], ours: dict[str, Any] | None) -> dict[str, Any]:
     out = {**entry, **{k: v for k, v in ours.items() if k != "model_config"}}
     config = ours.get("model_config", {})
     if isinstance(config, str):  # EAS files carry model_config as a JSON string
-        from processor.config import parse_json
+        from processor.config_text import parse_json
 
         config = parse_json(config, f"--sp_config_file: model {entry['name']}.model_config")
     if not isinstance(config, dict):

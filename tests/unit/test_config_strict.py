@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from processor.config import ModelConfig, decode_utf8, parse_json, shorten
+from processor.config import ModelConfig, shorten
+from processor.config_text import decode_utf8, parse_json
 from server.settings import DeploymentConfig
 from processor.errors import ConfigError, StatusCode
 
