@@ -5,11 +5,11 @@ Importing a model parses its protobuf whole (``onnx.load``), copies each paramet
 graph back. For a 953 MiB model that is about 2.5 s of a core, all of it with the GIL held: C++
 protobuf parsing and numpy's copies do not release it, so in the serving process every request
 waited behind it (measured: a thread that asks for the GIL every millisecond waited 854 ms at
-once, the parse, while the models already served answered nothing). In a child process the server's threads keep the
-GIL. The child starts from the loading thread, so it inherits that thread's CPU priority (Linux
-gives a new process its creating thread's nice value: :mod:`processor.load_priority`), and its
-memory (the parsed model, about twice the file) goes back to the system when it exits instead
-of staying in the server's heap.
+once, the parse, while the models already served answered nothing). In a child process the
+server's threads keep the GIL. The child starts from the loading thread, so it inherits that
+thread's CPU priority (Linux gives a new process its creating thread's nice value:
+:mod:`processor.load_priority`), and its memory (the parsed model, about twice the file) goes
+back to the system when it exits instead of staying in the server's heap.
 
 A child costs its start (about 0.7 s here, most of it importing numpy and ml_dtypes), while the
 parse holds the GIL about 0.9 ms per MiB: :func:`import_model` imports a file of at least
@@ -58,9 +58,9 @@ def import_onnx(onnx_file: str, work: Path) -> dict[str, Any]:
 
 def import_model(onnx_file: str, work: Path) -> dict[str, Any]:
     """:func:`import_onnx`, in a child process when the file holds at least
-    :data:`CHILD_MIN_BYTES` (see the module doc), else in-process; blocks until it is done. Raises the ProcessorError the
-    import raised (same class, same message), or Internal when the child ended without a result
-    (killed: out of memory, a signal)."""
+    :data:`CHILD_MIN_BYTES` (see the module doc), else in-process; blocks until it is done.
+    Raises the ProcessorError the import raised (same class, same message), or Internal when the
+    child ended without a result (killed: out of memory, a signal)."""
     try:
         small = os.path.getsize(onnx_file) < CHILD_MIN_BYTES
     except OSError:
