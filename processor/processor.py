@@ -27,7 +27,6 @@ from typing import Any
 from .config import ModelConfig
 from .config_text import parse_json
 from .dataplane import DataPlane
-from . import tensorflow_env
 from .errors import STATUS_TABLE, ProcessorError, StatusCode, edge_error
 from .proto import predict_pb2
 from .request import wire_call
@@ -68,7 +67,6 @@ class Processor:
 
         ``model_entry`` names the model (DeepRec stores it unused); empty means "default".
         """
-        tensorflow_env.apply()  # TensorFlow's switches, if it has not started yet
         raw = parse_json(model_config, "model_config")  # ConfigError when not UTF-8 or not JSON
         config = ModelConfig.from_dict(raw)
         processor = cls(ModelRegistry.single(model_entry or DEFAULT_MODEL_NAME, config, raw))  # ConfigError: timeline_path

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
+from . import tensorflow_env
 from .batching.model_batching import ModelBatching
 from .config import ModelConfig
 from .echo import cut, shorten
@@ -372,12 +373,13 @@ def compose_entry(entry: ModelSpec, environment: Mapping[str, str] | None = None
 
 
 def apply_environment(configs: list[ModelConfig]) -> dict[str, str]:
-    """Export ``omp_num_threads`` / ``kmp_blocktime`` as DeepRec does (process-wide variables).
+    """Export ``omp_num_threads`` / ``kmp_blocktime`` as DeepRec does (process-wide variables),
+    and TensorFlow's switches serving sets its own way (:mod:`processor.tensorflow_env`).
 
     One process serves every model, so when models disagree the largest value is used and the
     conflict is logged. Reports whether each can still take effect (the engine reads them once).
     """
-    applied: dict[str, str] = {}
+    applied: dict[str, str] = tensorflow_env.apply()
     for key, attr in (("OMP_NUM_THREADS", "omp_num_threads"), ("KMP_BLOCKTIME", "kmp_blocktime")):
         values = [getattr(c, attr) for c in configs if getattr(c, attr) is not None]
         if not values:

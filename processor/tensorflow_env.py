@@ -14,7 +14,8 @@ goes back (4 MiB kept) and each load grows the process by what it counts (0.98).
 is not imported yet (it reads them once, when it starts): an operator who sets
 ``TF_ENABLE_ONEDNN_OPTS=1`` keeps oneDNN, and a host that imported TensorFlow first keeps what
 it had. :func:`onednn_enabled` tells which one a running TensorFlow took. Thread-safe enough:
-call :func:`apply` before any thread imports TensorFlow (the entry points do).
+call :func:`apply` before any thread imports TensorFlow
+(``processor.served_model.apply_environment`` does, as every model registry is composed).
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ import sys
 DEFAULTS = {"TF_ENABLE_ONEDNN_OPTS": "0"}
 
 
-def apply() -> None:
-    """Set :data:`DEFAULTS` where the environment has no value, if TensorFlow is not imported."""
+def apply() -> dict[str, str]:
+    """Set :data:`DEFAULTS` where the environment has no value, if TensorFlow is not imported;
+    returns what it set (model info's ``environment`` shows it)."""
     if "tensorflow" in sys.modules:
-        return
-    for key, value in DEFAULTS.items():
-        os.environ.setdefault(key, value)
+        return {}
+    applied = {key: value for key, value in DEFAULTS.items() if key not in os.environ}
+    os.environ.update(applied)
+    return applied
 
 
 def onednn_enabled() -> bool | None:

@@ -17,7 +17,6 @@ import json
 import os
 import sys
 
-from processor import tensorflow_env
 from processor.errors import ConfigError
 
 from . import launch
@@ -104,7 +103,6 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     launch.hold_sighup()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    tensorflow_env.apply()  # before anything imports TensorFlow
     try:
         deployment, data = load_deployment(args)
         if args.check:

@@ -1,7 +1,7 @@
 """TensorFlow's process switches set before it starts (processor/tensorflow_env.py).
 
-oneDNN is off in a process whose entry point ran apply() first, unless the environment says
-otherwise; a TensorFlow imported before apply() keeps what it had, and its environment is left
+oneDNN is off in a process that composed its models (apply_environment) before TensorFlow
+started, unless the environment says otherwise; a TensorFlow imported before apply() keeps what it had, and its environment is left
 alone.
 """
 
@@ -18,7 +18,8 @@ from processor import tensorflow_env
 _SCRIPT = """
 from processor.processor import Processor  # the library's entry point imports no TensorFlow
 from processor import tensorflow_env
-tensorflow_env.apply()
+from processor.served_model import apply_environment
+apply_environment([])  # as every model registry (server, library, C ABI) is composed
 import tensorflow
 print(tensorflow_env.onednn_enabled())
 """
