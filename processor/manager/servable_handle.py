@@ -3,8 +3,8 @@
 A request acquires the handle for its whole duration; a swap retires the old handle, and the
 group is closed by whoever drops the last reference (the swapper if nothing is in flight, else
 the last request) and the allocator trimmed; its reference cycles (frozen ones too) are
-collected shortly after, once nothing reaches it, so that its memory is returned. So a version is freed only after its last request ends, and
-never while one runs. Thread-safe.
+collected shortly after, once nothing reaches it, so that its memory is returned. So a version
+is freed only after its last request ends, and never while one runs. Thread-safe.
 """
 
 from __future__ import annotations
