@@ -121,7 +121,7 @@ def in_process_costs(model_dir: Path, sink_port: int, body: bytes, requests: int
                 started = time.process_time()
                 serve(rt, requests)
                 if rt.otel is not None:
-                    rt.otel.provider.force_flush()  # the export of these requests' spans, counted
+                    rt.otel.force_flush()  # the export of these requests' spans, counted
                 out[label] = min(out[label], (time.process_time() - started) / requests * 1e6)
     finally:
         for rt in reversed(runtimes.values()):

@@ -27,8 +27,8 @@ A model load (its steps and warm-up inside) and a delta application are traces o
 (:func:`background`), when the server samples at all (a rate above 0). A span whose work raises
 gets the error status and message.
 
-Thread-safe: :func:`enable` / :func:`disable` swap one immutable state; spans are the SDK's
-(thread-safe); a stage is entered and left by one thread.
+Thread-safe: :func:`enable` / :func:`disable` swap one immutable state; a span is ended by one
+thread; a stage is entered and left by one thread.
 """
 
 from __future__ import annotations
@@ -44,25 +44,33 @@ current: contextvars.ContextVar[Any] = contextvars.ContextVar("sp_otel_span", de
 class _State:
     """What :func:`enable` was given (immutable once made)."""
 
-    __slots__ = ("tracer", "in_context", "root", "link", "status", "error", "background")
+    __slots__ = ("tracer", "in_context", "root", "link", "record", "status", "error", "background")
 
     def __init__(self, tracer: Any, background: bool) -> None:
         from opentelemetry import context, trace
 
         self.tracer = tracer
-        self.in_context = trace.set_span_in_context
+        # a parent span as start_span's context, a span as a link: the tracer's own way where it
+        # has one (the server's, server.otel_spans), else the API's (the SDK's tracer)
+        self.in_context = getattr(tracer, "in_context", None) or trace.set_span_in_context
+        self.link = getattr(tracer, "link", None) or (lambda span: trace.Link(span.get_span_context()))
+        self.record = getattr(tracer, "record", None) or self._record  # a span that has ended already
         self.root = context.Context()  # an empty context: a span started in it is a trace's root
-        self.link = trace.Link
         self.status = trace.Status
         self.error = trace.StatusCode.ERROR
         self.background = background
+
+    def _record(self, parent: Any, name: str, start: int, end: int, attributes: dict | None) -> None:
+        self.tracer.start_span(name, context=self.in_context(parent), start_time=start,
+                               attributes=attributes).end(end_time=end)
 
 
 _state: _State | None = None
 
 
 def enable(tracer: Any, background: bool = True) -> None:
-    """Make spans with ``tracer`` (an OpenTelemetry ``Tracer``) from now on, in this process
+    """Make spans with ``tracer`` (an OpenTelemetry ``Tracer``, or the server's lean one with
+    the same ``start_span``, :class:`server.otel_spans.Tracer`) from now on, in this process
     (the server's :class:`~server.otel.Tracing` calls it once tracing is set up; the last call
     wins). ``background``: loads, warm-ups and deltas trace too."""
     global _state
@@ -131,6 +139,15 @@ def stage(name: str, attributes: dict[str, Any] | None = None, leaf: bool = Fals
     if state is None:
         return NO_SPAN
     return _Open(state.tracer.start_span(name, context=state.in_context(parent), attributes=attributes), leaf)
+
+
+def finished(name: str, start_ns: int, end_ns: int, attributes: dict[str, Any] | None = None) -> None:
+    """A child span of :data:`current` that ran from ``start_ns`` to ``end_ns`` (ns since the
+    epoch: work timed elsewhere, the native engine's stages); nothing when nothing is traced."""
+    parent = current.get()
+    state = _state
+    if parent is not None and state is not None:
+        state.record(parent, name, start_ns, end_ns, attributes)
 
 
 def annotate(attributes: dict[str, Any]) -> None:
@@ -215,10 +232,10 @@ def batch_ran(queued: Sequence[tuple[Any, float]], started_us: float, ended_us: 
         tracer, in_context, link = state.tracer, state.in_context, state.link
         batch = tracer.start_span(
             "batch.run", context=in_context(mine[0][0].parent), start_time=start,
-            links=[link(rec.parent.get_span_context()) for rec, _ in mine],
+            links=[link(rec.parent) for rec, _ in mine],
             attributes={"sp.rows": rows, "sp.requests": requests, "sp.lane": lane, "sp.backend": backend})
         batch.end(end_time=end)
-        to_batch = [link(batch.get_span_context())]
+        to_batch = [link(batch)]
         for rec, enqueued_us in mine:
             wait = tracer.start_span("batch.queue", context=in_context(rec.parent), links=to_batch,
                                      start_time=int(enqueued_us * 1000))

@@ -39,7 +39,6 @@ Thread-safe: :meth:`Tracing.begin` runs on any edge's thread; :class:`EdgeTrace`
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import random
@@ -55,6 +54,7 @@ from urllib.parse import urlsplit
 from processor import spans
 from processor.errors import ConfigError, ProcessorError
 
+from . import otel_export, otel_spans
 from .logs import request_id_var
 from .otel_settings import TracingSettings
 
@@ -73,7 +73,9 @@ edge_trace: ContextVar[EdgeTrace | None] = ContextVar("sp_edge_trace", default=N
 class Resolved:
     """The tracing settings in force: the deployment's, else the environment's, else defaults.
     ``endpoint`` / ``headers`` / ``timeout`` None: the exporter's own environment variables
-    and defaults."""
+    and defaults. The export queue's (``OTEL_BSP_*``, the SDK's batch processor's defaults):
+    ``max_queue_size`` spans, exported ``max_export_batch_size`` at a time, at least every
+    ``schedule_delay`` seconds."""
 
     protocol: str
     endpoint: str | None
@@ -82,8 +84,9 @@ class Resolved:
     parent_based: bool
     rate: float
     service_name: str
-    max_queue_size: int | None
-    max_export_batch_size: int | None
+    max_queue_size: int = 2048
+    max_export_batch_size: int = 512
+    schedule_delay: float = 5.0
 
 
 _SAMPLERS = {  # OTEL_TRACES_SAMPLER -> (parent-based, rate; None: OTEL_TRACES_SAMPLER_ARG)
@@ -110,10 +113,26 @@ def resolve(settings: TracingSettings | None, environ: Mapping[str, str]) -> Res
         parent_based, rate = True, settings.sample_rate
     else:
         parent_based, rate = _sampler(environ)
+    queue = settings.max_queue_size or _positive(environ, "OTEL_BSP_MAX_QUEUE_SIZE", Resolved.max_queue_size)
+    batch = settings.max_export_batch_size or _positive(environ, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+                                                        Resolved.max_export_batch_size)
+    if batch > queue:
+        raise ConfigError(f"OTEL_BSP_MAX_EXPORT_BATCH_SIZE: {batch} is larger than the queue ({queue} spans)")
+    delay_ms = _positive(environ, "OTEL_BSP_SCHEDULE_DELAY", int(Resolved.schedule_delay * 1000))
     return Resolved(protocol=protocol, endpoint=endpoint, headers=settings.headers,
                     timeout=settings.export_timeout_seconds, parent_based=parent_based, rate=rate,
                     service_name=settings.service_name or environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME,
-                    max_queue_size=settings.max_queue_size, max_export_batch_size=settings.max_export_batch_size)
+                    max_queue_size=queue, max_export_batch_size=batch, schedule_delay=delay_ms / 1000)
+
+
+def _positive(environ: Mapping[str, str], name: str, default: int) -> int:
+    """A positive integer environment variable (``default`` when unset); ConfigError naming it."""
+    text = environ.get(name, "").strip()
+    if not text:
+        return default
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(f"{name}: {text[:40]!r} is not a positive integer")
+    return int(text)
 
 
 def _sampler(environ: Mapping[str, str]) -> tuple[bool, float]:
@@ -151,10 +170,10 @@ class EdgeTrace:
 
     def response_traceparent(self) -> str | None:
         """The ``traceparent`` the response carries (the edge span's), or None: not traced."""
-        if self.span is None:
+        span = self.span
+        if span is None:
             return None
-        ctx = self.span.get_span_context()
-        return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+        return f"00-{span.trace_id:032x}-{span.span_id:016x}-{span.trace_flags:02x}"
 
 
 class RequestSpan:
@@ -195,8 +214,7 @@ class RequestSpan:
         if error is not None:
             spans.fail(span, error)
         span.end()
-        ctx = span.get_span_context()
-        return {"trace_id": f"{ctx.trace_id:032x}", "span_id": f"{ctx.span_id:016x}"}
+        return {"trace_id": f"{span.trace_id:032x}", "span_id": f"{span.span_id:016x}"}
 
 
 def message_size(reply: Any) -> int | None:
@@ -220,23 +238,34 @@ class Tracing:
                  exporter: Any = None) -> None:
         from opentelemetry import trace
         from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.sampling import ALWAYS_ON
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         self.resolved = resolved
         self.instance_id = str(uuid.uuid4())
+        # the SDK's Resource: OTEL_RESOURCE_ATTRIBUTES and the SDK's own attributes merged in
         resource = Resource.create({"service.name": resolved.service_name, "service.instance.id": self.instance_id,
                                     "host.name": socket.gethostname(), "process.pid": os.getpid()})
+        self.exporter = _CountingExporter(
+            exporter if exporter is not None else otel_export.otlp_exporter(
+                resolved.protocol, resolved.endpoint, resolved.headers, resolved.timeout),
+            count, resolved.endpoint or resolved.protocol)
         # the decision is ours, made before any span (begin): an unsampled request costs no span
-        # object; a span we start is one we keep, so the SDK samples all of them
-        self.provider = TracerProvider(resource=resource, sampler=ALWAYS_ON)
-        self.exporter = _CountingExporter(exporter if exporter is not None else _otlp_exporter(resolved), count,
-                                          resolved.endpoint or resolved.protocol)
-        self.processor = _counting_processor()(self.exporter, count, max_queue_size=resolved.max_queue_size,
-                                            max_export_batch_size=resolved.max_export_batch_size)
-        self.provider.add_span_processor(self.processor)
-        self.tracer = self.provider.get_tracer("serving-processor")
+        # object; a span we start is one we keep and export (server.otel_export's doc says why
+        # not through the SDK's spans)
+        self._queue = otel_export.span_queue(resolved.max_queue_size)
+        self._worker = otel_export.ExportWorker(
+            self._queue, self.exporter, otel_export.Envelope(resource.attributes, "serving-processor",
+                                                             resource.schema_url),
+            resolved.max_export_batch_size, resolved.schedule_delay)
+        wake = self._worker.wake
+
+        def queued(n: int) -> None:
+            if n:
+                wake(n)
+            else:
+                count("dropped", 1)
+
+        self.tracer = otel_spans.Tracer(self._queue, queued)
         self._propagator = TraceContextTextMapPropagator()
         self._span_in = trace.get_current_span  # of a context (a caller's, extracted)
         self._server = trace.SpanKind.SERVER
@@ -354,24 +383,19 @@ class Tracing:
 
     # --- lifecycle --------------------------------------------------------------------------
 
+    def force_flush(self, timeout: float = 30.0) -> bool:
+        """Export the spans queued now; False if that took longer than ``timeout`` seconds."""
+        return self._worker.force_flush(timeout)
+
     def close(self, timeout: float = _CLOSE_SECONDS) -> None:
         """Stop tracing: no more spans, what is queued exported for at most ``timeout`` seconds
         (a collector that hangs does not hold the server's exit)."""
         spans.disable()
-        closer = threading.Thread(target=self.provider.shutdown, name="sp-otel-close", daemon=True)
+        closer = threading.Thread(target=self._worker.shutdown, name="sp-otel-close", daemon=True)
         closer.start()
         closer.join(timeout)
         if closer.is_alive():
             log.warning("tracing: spans still queued after %.0f s at shutdown were not exported", timeout)
-
-
-def _otlp_exporter(resolved: Resolved) -> Any:
-    """The SDK's OTLP span exporter of ``resolved.protocol``."""
-    if resolved.protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-    else:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    return OTLPSpanExporter(endpoint=resolved.endpoint, headers=resolved.headers, timeout=resolved.timeout)
 
 
 class _CountingExporter:
@@ -412,27 +436,3 @@ class _CountingExporter:
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return self._exporter.force_flush(timeout_millis)
-
-
-@functools.cache
-def _counting_processor() -> type:
-    """The SDK's BatchSpanProcessor (bounded queue, export on its own thread), counting the
-    spans it drops because the queue is full (made on first use: the SDK is imported only when
-    tracing is on)."""
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
-    class CountingProcessor(BatchSpanProcessor):
-        def __init__(self, exporter: Any, count: Callable[[str, int], None], **options: Any) -> None:
-            super().__init__(exporter, **{k: v for k, v in options.items() if v is not None})
-            self._count = count
-            # the SDK drops a span when its queue is full and tells no one but its log: the
-            # queue's length is read to count them (the SDK keeps it in a bounded deque)
-            self._queue = getattr(getattr(self, "_batch_processor", None), "_queue", None)
-
-        def on_end(self, span) -> None:
-            queue = self._queue
-            if queue is not None and queue.maxlen is not None and len(queue) >= queue.maxlen:
-                self._count("dropped", 1)
-            super().on_end(span)
-
-    return CountingProcessor

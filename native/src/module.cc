@@ -32,6 +32,7 @@
 #include "gil.h"
 #include "module_engine.h"
 #include "module_json.h"
+#include "module_otlp.h"
 #include "module_store.h"
 #include "predict_log.h"
 #include "request.h"
@@ -322,6 +323,7 @@ NB_MODULE(_native, m) {
   sp::py::bind_direct(m);
   sp::py::bind_store(m);
   sp::py::bind_json(m);
+  sp::py::bind_otlp(m);
   m.def("decode", &decode, nb::arg("plan"), nb::arg("data"));
   m.def("encode", &encode, nb::arg("keys"), nb::arg("arrays"));
   m.def("fingerprint64", &fingerprint64, nb::arg("values"), nb::arg("num_buckets") = 0);

@@ -3,6 +3,7 @@
 //   OrtEngine(library, model_path, parameters, ...)   ONNX Runtime sessions over the caller's
 //                                                     parameter arrays (ort_engine.h)
 //   OrtEngine.serve(plan, lane, data)                 a whole request without the GIL, or None
+//   OrtEngine.serve_timed(plan, lane, data)           the same, with its stages' times (spans)
 //   OrtEngine.run_arrays(lane, inputs, fetch)         numpy arrays in and out without the GIL, or None
 //   RowBudget(capacity)                               one model's queue capacity in rows (batcher.h)
 //   Batcher(plan, engine | runner, budget, ...)       one version's batching queue (batcher.h)
@@ -116,6 +117,21 @@ nb::object engine_serve(const PyEngine& self, const PyPlan& pp, int lane, nb::ha
   }
   if (result != sp::ort::Engine::Result::kOk) return nb::none();
   return as_bytes(out);
+}
+
+// serve() with its stages' end times: (response bytes or None, (start, decoded, ran, encoded,
+// rows)) -- a traced request's spans (processor/dataplane/stages.py).
+nb::object engine_serve_timed(const PyEngine& self, const PyPlan& pp, int lane, nb::handle data) {
+  Borrowed in(data);
+  std::string out, error;
+  sp::ort::Engine::Stamps st;
+  sp::ort::Engine::Result result;
+  {
+    nb::gil_scoped_release nogil;
+    result = self.engine->serve(pp.plan, lane, in.data(), in.size(), out, error, &st);
+  }
+  if (result != sp::ort::Engine::Result::kOk) return nb::none();
+  return nb::make_tuple(as_bytes(out), nb::make_tuple(st.start, st.decoded, st.ran, st.encoded, st.rows));
 }
 
 int numpy_type(sp::Elem elem) {
@@ -331,6 +347,9 @@ void bind_engine(nb::module_& m) {
       .def("serve", &engine_serve, nb::arg("plan"), nb::arg("lane"), nb::arg("data"),
            "PredictRequest bytes -> PredictResponse bytes on `lane`, without the GIL; None when "
            "the request is for the reference path (invalid, rare forms, an engine error)")
+      .def("serve_timed", &engine_serve_timed, nb::arg("plan"), nb::arg("lane"), nb::arg("data"),
+           "serve, with its stages' end times: (response bytes, (start, decoded, ran, encoded, rows)) "
+           "in ns since the epoch (rows -1: none per row), or None as serve")
       .def("run_arrays", &engine_run_arrays, nb::arg("lane"), nb::arg("inputs"), nb::arg("fetch"),
            "[(input index, array)] -> [output arrays] of the outputs `fetch` (indices) on `lane`, "
            "without the GIL; None when the binding session must run the call");

@@ -3,6 +3,7 @@
 
 #include <dlfcn.h>
 
+#include <ctime>
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
@@ -11,6 +12,12 @@
 
 namespace sp::ort {
 namespace {
+
+int64_t wall_ns() {  // OpenTelemetry's clock: time since the epoch
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
 
 struct ApiBase {  // OrtApiBase: GetApi(version), GetVersionString()
   const void* const* (*GetApi)(uint32_t version);
@@ -197,8 +204,9 @@ void Engine::release() {
 }
 
 Engine::Result Engine::serve(const Plan& plan, int lane, const uint8_t* data, size_t size,
-                             std::string& out, std::string& error) const {
+                             std::string& out, std::string& error, Stamps* stamps) const {
   if (lane < 0 || lane >= lanes()) return Result::kNotTaken;
+  if (stamps != nullptr) stamps->start = wall_ns();
   ParsedRequest req;
   if (!parse_request(data, size, plan, req)) return Result::kNotTaken;
   // Inputs the signature takes per row (first dimension free) must agree on their rows: a
@@ -243,8 +251,13 @@ Engine::Result Engine::serve(const Plan& plan, int lane, const uint8_t* data, si
   std::vector<int> fetch;
   if (!fetch_list(plan, req, fetch)) return Result::kNotTaken;
   Values outputs{api_, std::vector<Value*>(fetch.size(), nullptr)};
+  if (stamps != nullptr) {
+    stamps->decoded = wall_ns();
+    stamps->rows = rows;
+  }
   Result ran = run(lane, in_names.data(), inputs.items.data(), n_in, fetch, outputs.items, error);
   if (ran != Result::kOk) return ran;
+  if (stamps != nullptr) stamps->ran = wall_ns();
 
   std::vector<Output> encoded(fetch.size());
   for (size_t k = 0; k < fetch.size(); ++k) {
@@ -255,6 +268,7 @@ Engine::Result Engine::serve(const Plan& plan, int lane, const uint8_t* data, si
   size_t total = response_size(encoded);
   out.resize(total);
   write_response(encoded, reinterpret_cast<uint8_t*>(out.data()));
+  if (stamps != nullptr) stamps->encoded = wall_ns();
   return Result::kOk;
 }
 

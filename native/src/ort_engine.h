@@ -64,8 +64,14 @@ class Engine {
   // kEngineError: ONNX Runtime refused it (`error` says why); the caller's reference path
   // reports it. `plan` is the request plan of the same signature (inputs and outputs in the
   // order of input_names / output_names).
+  // `stamps` (optional, for a traced request's spans): when its stages ended, in nanoseconds
+  // since the epoch (CLOCK_REALTIME, OpenTelemetry's clock), and the request's rows.
+  struct Stamps {
+    int64_t start = 0, decoded = 0, ran = 0, encoded = 0;
+    int64_t rows = -1;  // -1: no input is per row
+  };
   Result serve(const Plan& plan, int lane, const uint8_t* data, size_t size, std::string& out,
-               std::string& error) const;
+               std::string& error, Stamps* stamps = nullptr) const;
 
   int lanes() const { return int(lane_session_.size()); }
   int inputs() const { return int(input_names_.size()); }

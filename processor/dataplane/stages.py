@@ -61,10 +61,23 @@ def answer(call: PredictCall, group, batching: ModelBatching | None, rec: TraceR
 
 def spanned(call: PredictCall, group, rec: spans.SpanRecorder, batching: ModelBatching | None,
             pending: Pending | None) -> PredictResult:
-    """A wire request OpenTelemetry sampled, on the acquired ``group``: decoded and encoded by
-    the group's codec (the native one, as ``SessionGroup.serve``'s fallback), run untraced (a
-    batching model's through the reference batcher, which makes its queue and batch spans),
-    each stage a span of ``rec``; a logged call's ``pending`` gets the inputs."""
+    """A wire request OpenTelemetry sampled, on the acquired ``group``: on the group's native
+    whole-request path where it takes it (an unbatched, unlogged call: the stages' spans made
+    from the times it reports, the request costing what an unsampled one costs), else decoded
+    and encoded by the group's codec (the native one, as ``SessionGroup.serve``'s fallback),
+    run untraced (a batching model's through the reference batcher, which makes its queue and
+    batch spans), each stage a span of ``rec``; a logged call's ``pending`` gets the inputs."""
+    if batching is None and pending is None:
+        timed = group.serve_timed(call.inputs)
+        if timed is not None:
+            outputs, (start, decoded, ran, encoded, rows), lane = timed
+            attributes = {"sp.backend": spans.backend_name(group), "sp.lane": lane}
+            if rows >= 0:
+                attributes["sp.rows"] = rows
+            spans.finished("decode", start, decoded)
+            spans.finished("engine.run", decoded, ran, attributes)
+            spans.finished("encode", ran, encoded)
+            return PredictResult(outputs, group.version, group.signature)
     with rec.stage("decode"):
         feeds, keys, aliases = group.codec.decode(call.inputs)
     if pending is not None:

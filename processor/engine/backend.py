@@ -82,6 +82,13 @@ class Backend(Protocol):
         (decode, ``run``, encode). Thread-safe; called under the update gate."""
         ...
 
+    def timed_wire_server(self, codec: WireCodec) -> Callable[[int, bytes | memoryview], Any] | None:
+        """:meth:`wire_server` with its stages' times, for a request OpenTelemetry sampled:
+        ``serve(lane, data)`` returns (response bytes, (start, decoded, ran, encoded, rows)),
+        ns since the epoch (rows -1: no input is per row), or None as :meth:`wire_server`'s.
+        None where the backend has no whole-request path."""
+        ...
+
     @property
     def native_engine(self) -> Any | None:
         """The native engine that runs whole requests without Python (``processor._native

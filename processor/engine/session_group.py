@@ -81,6 +81,8 @@ class SessionGroup:
         # serve() runs the whole request in native code without the GIL (the ONNX Runtime native
         # engine): an event loop may call it in place for small requests (DataPlane.submit)
         self.serves_natively = self._wire_server is not None and getattr(backend, "native_engine", None) is not None
+        # the same with its stages' times, for a request OpenTelemetry sampled (serve_timed)
+        self._wire_timed = backend.timed_wire_server(self.codec) if self.serves_natively else None
 
     @property
     def lanes(self) -> int:
@@ -160,6 +162,22 @@ class SessionGroup:
         if in_place:
             return None
         return self.serve_reference(data)
+
+    def serve_timed(self, data: bytes | memoryview) -> tuple[bytes, tuple, int] | None:
+        """:meth:`serve`'s native path for a request OpenTelemetry sampled: (response bytes,
+        (start, decoded, ran, encoded, rows) in ns since the epoch, lane), or None where it
+        does not take the request (the caller then takes the staged path)."""
+        timed = self._wire_timed
+        if timed is None or len(data) > self._split_bytes:
+            return None
+        lane = self._policy.pick()
+        gate = self._gate
+        gate.enter_shared()
+        try:
+            out = timed(lane, data)
+        finally:
+            gate.exit_shared()
+        return None if out is None else (out[0], out[1], lane)
 
     def serve_reference(self, data: bytes | memoryview) -> bytes:
         """:meth:`serve` through the codec and :meth:`run`, without trying the native path (for a

@@ -54,6 +54,10 @@ class SignatureView:
         lane = self._group.pick_lane()
         return lane, self.run_on(lane, feeds, fetches), None
 
+    def serve_timed(self, data: bytes | memoryview) -> None:
+        """None: a view has no native path (:meth:`SessionGroup.serve_timed`)."""
+        return None
+
     def serve(self, data: bytes | memoryview, in_place: bool = False) -> bytes | None:
         """As :meth:`SessionGroup.serve`; ``in_place``: None (a view has no native path)."""
         if in_place:

@@ -117,7 +117,7 @@ def ids(traceparent: str) -> tuple[str, str]:
 
 
 def flush(app) -> None:
-    app.runtime.otel.provider.force_flush()
+    app.runtime.otel.force_flush()
 
 
 def metric(app, outcome: str) -> float:

@@ -59,6 +59,24 @@ def test_engine_serves_and_equals_the_binding_path(dlrm_dir, make_processor):
                     assert taken is None if output_filter == ["prob", "prob"] else taken == body
 
 
+def test_the_timed_path_answers_as_serve_and_times_its_stages(dlrm_dir, make_processor):
+    """serve_timed (a request OpenTelemetry sampled): serve's bytes, and stage times in order
+    within the call's wall clock; a request the engine does not take is None, as serve's."""
+    import time
+
+    p = make_processor(_config(dlrm_dir))
+    with p.manager.acquire() as group:
+        for batch in (0, 1, 7):
+            data = codec.encode_request(dlrm_onnx.inputs(batch, seed=batch))
+            before = time.time_ns()
+            out, (start, decoded, ran, encoded, rows), lane = group.serve_timed(data)
+            after = time.time_ns()
+            assert out == group.serve(data) and lane in range(group.lanes)
+            assert before <= start <= decoded <= ran <= encoded <= after
+            assert rows == batch
+        assert group.serve_timed(b"\x00garbage") is None
+
+
 def test_requests_the_engine_does_not_take_get_the_reference_answer(dlrm_dir, make_processor):
     p = make_processor(_config(dlrm_dir))
     good = dlrm_onnx.inputs(3)

@@ -50,6 +50,16 @@ def test_nothing_is_made_without_a_current_span(exported):
     assert names(exported) == []
 
 
+def test_work_timed_elsewhere_becomes_a_child_span_with_its_times(exported):
+    spans.finished("decode", 1_000, 2_000)  # no current span: nothing
+    assert names(exported) == []
+    with spans.background("root"):
+        spans.finished("decode", 1_000, 2_000, {"sp.rows": 4})
+    decode, root = exported.get_finished_spans()
+    assert decode.parent.span_id == root.context.span_id and decode.context.trace_id == root.context.trace_id
+    assert (decode.start_time, decode.end_time, decode.attributes["sp.rows"]) == (1_000, 2_000, 4)
+
+
 def test_nothing_is_made_while_disabled():
     root = object()  # never touched: stage returns before using it
     token = spans.current.set(root)

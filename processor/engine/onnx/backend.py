@@ -390,6 +390,13 @@ class OnnxRuntimeBackend:
             return None
         return functools.partial(engine.serve, plan)
 
+    def timed_wire_server(self, codec):
+        """:meth:`wire_server` with its stages' times (the native engine's ``serve_timed``)."""
+        plan, engine = codec.native_plan, self._engine
+        if engine is None or plan is None:
+            return None
+        return functools.partial(engine.serve_timed, plan)
+
     @property
     def native_engine(self):
         """The native engine (see :mod:`.native_engine`), or None where it does not serve."""

@@ -268,6 +268,10 @@ class TensorFlowBackend:
         """None: requests go through the codec and :meth:`run` (the session needs Python)."""
         return None
 
+    def timed_wire_server(self, codec):
+        """None, as :meth:`wire_server`."""
+        return None
+
     native_engine = None  # batches run through run(): the session is called from Python
 
     def run_traced(self, lane: int, feeds: dict[str, np.ndarray], fetches: tuple[str, ...]):

@@ -100,7 +100,7 @@ class _NoExport:
 
 
 def tracing(rate: float, parent_based: bool = True) -> Tracing:
-    return Tracing(Resolved("grpc", None, None, None, parent_based, rate, "test", None, None), exporter=_NoExport())
+    return Tracing(Resolved("grpc", None, None, None, parent_based, rate, "test"), exporter=_NoExport())
 
 
 def test_the_edge_decides_by_the_callers_flag_and_the_rate():
