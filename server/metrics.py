@@ -50,7 +50,9 @@ keep no exemplars).
 
 from __future__ import annotations
 
+import bisect
 import os
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -270,17 +272,35 @@ def _le(bound: float | str) -> str:
     return bound if isinstance(bound, str) else repr(float(bound))
 
 
-class RequestMetrics:
-    """The metric children one request outcome updates (see :meth:`ServerMetrics.request`)."""
+EXEMPLAR_SECONDS = 1.0  # a latency bucket takes a new exemplar at most this often
 
-    __slots__ = ("_count", "_latency", "_error")
+
+class RequestMetrics:
+    """The metric children one request outcome updates (see :meth:`ServerMetrics.request`).
+
+    A latency bucket keeps one exemplar, the last one given, until the next scrape: a traced
+    request's trace ids are given to its bucket when the bucket's exemplar is older than
+    :data:`EXEMPLAR_SECONDS` (one per bucket per second is more than any scrape keeps; checking
+    each one costs a traced request microseconds). Races between threads only let an extra one
+    through."""
+
+    __slots__ = ("_count", "_latency", "_error", "_bounds", "_exemplar_at")
 
     def __init__(self, count, latency, error) -> None:
         self._count, self._latency, self._error = count, latency, error
+        self._bounds = list(getattr(latency, "_upper_bounds", ()))  # the client library's buckets
+        self._exemplar_at = [float("-inf")] * (len(self._bounds) + 1)
 
     def observe(self, seconds: float, exemplar: dict[str, str] | None = None) -> None:
         """One request of ``seconds``; ``exemplar``: its trace's ids (a traced request)."""
         self._count.inc()
+        if exemplar is not None:
+            bucket = bisect.bisect_left(self._bounds, seconds)  # the bucket the library counts it in
+            now = time.monotonic()
+            if now - self._exemplar_at[bucket] >= EXEMPLAR_SECONDS:
+                self._exemplar_at[bucket] = now
+            else:
+                exemplar = None
         self._latency.observe(seconds, exemplar)
         if self._error is not None:
             self._error.inc()

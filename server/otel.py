@@ -256,16 +256,8 @@ class Tracing:
         self._worker = otel_export.ExportWorker(
             self._queue, self.exporter, otel_export.Envelope(resource.attributes, "serving-processor",
                                                              resource.schema_url),
-            resolved.max_export_batch_size, resolved.schedule_delay)
-        wake = self._worker.wake
-
-        def queued(n: int) -> None:
-            if n:
-                wake(n)
-            else:
-                count("dropped", 1)
-
-        self.tracer = otel_spans.Tracer(self._queue, queued)
+            resolved.max_export_batch_size, resolved.schedule_delay, lambda: count("dropped", 1))
+        self.tracer = otel_spans.Tracer(self._queue, self._worker.queued)
         self._propagator = TraceContextTextMapPropagator()
         self._span_in = trace.get_current_span  # of a context (a caller's, extracted)
         self._server = trace.SpanKind.SERVER

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 log = logging.getLogger("server.otel")
@@ -170,12 +170,13 @@ class Envelope:
 
 class ExportWorker:
     """Exports ``queue``'s spans through ``exporter`` (a SpanExporter taking
-    :class:`EncodedSpans`) on a daemon thread: see the module doc. ``wake(queued)`` is called
-    by whoever queued a span with the queue's new length."""
+    :class:`EncodedSpans`) on a daemon thread: see the module doc. :meth:`queued` is called by
+    whoever queued a span, with what the queue's ``add`` answered; ``dropped()`` is called for
+    each span a full queue dropped."""
 
     def __init__(self, queue: Any, exporter: Any, envelope: Envelope, max_export_batch_size: int,
-                 schedule_delay: float) -> None:
-        self.queue, self.exporter, self.envelope = queue, exporter, envelope
+                 schedule_delay: float, dropped: Callable[[], None] = lambda: None) -> None:
+        self.queue, self.exporter, self.envelope, self._dropped = queue, exporter, envelope, dropped
         self.batch, self.delay = max_export_batch_size, schedule_delay
         self._event = threading.Event()
         self._lock = threading.Condition()
@@ -185,26 +186,35 @@ class ExportWorker:
         self._thread = threading.Thread(target=self._run, name="sp-otel-export", daemon=True)
         self._thread.start()
 
-    def wake(self, queued: int) -> None:
-        if queued % self.batch == 0 and queued:
-            self._event.set()
+    def queued(self, length: int) -> None:
+        """A span was queued, the queue now ``length`` long (0: it was full, the span dropped):
+        a batch's worth wakes the thread."""
+        if length % self.batch == 0:
+            if length:
+                self._event.set()
+            else:
+                self._dropped()
 
     def _run(self) -> None:
         while True:
-            self._event.wait(self.delay)
+            woken = self._event.wait(self.delay)
             self._event.clear()
             with self._lock:
                 asked, stopping = self._flushes, self._stopping
-            self.drain()
+            # full batches only, unless the delay is up or a flush asks for everything: under
+            # load the queue refills while a batch exports, and exporting whatever is there
+            # would send many small batches, each costing an export's fixed price
+            self.drain(everything=not woken or asked > self._flushed or stopping)
             with self._lock:
                 self._flushed = asked
                 self._lock.notify_all()
             if stopping:
                 return
 
-    def drain(self) -> None:
-        """Export everything queued now, a batch at a time (on the worker's thread)."""
-        while True:
+    def drain(self, everything: bool = True) -> None:
+        """Export what is queued, a batch at a time, on the worker's thread: everything, or
+        (``everything`` False) as long as a full batch is queued."""
+        while everything or len(self.queue) >= self.batch:
             frames, count = self.queue.take(self.batch)
             if not count:
                 return

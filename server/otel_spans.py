@@ -36,17 +36,11 @@ _now = time.time_ns
 
 
 def _span_id() -> int:
-    while True:
-        value = _getrandbits(64)
-        if value:
-            return value
+    return _getrandbits(64) or 1  # never 0 (invalid); 2**-64 odds of taking the else
 
 
 def _trace_id() -> int:
-    while True:
-        value = _getrandbits(128)
-        if value:
-            return value
+    return _getrandbits(128) or 1
 
 
 class Span:
@@ -102,7 +96,8 @@ class Span:
 
 class Tracer:
     """Makes :class:`Span` s whose end calls ``queue.add`` (a :mod:`server.otel_export` span
-    queue) and then ``on_queued(count)``: the queue's length with it, 0 when it was full."""
+    queue) and then ``on_queued(count)``: the queue's length with it, 0 when it was full
+    (:meth:`server.otel_export.ExportWorker.queued`)."""
 
     def __init__(self, queue: Any, on_queued: Callable[[int], None]) -> None:
         from opentelemetry import trace

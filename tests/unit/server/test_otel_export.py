@@ -112,10 +112,9 @@ class Keep:
 def pipeline(exporter, capacity: int = 1000, batch: int = 10, delay: float = 30.0):
     queue = otel_export.span_queue(capacity)
     envelope = otel_export.Envelope({"service.name": "recs", "process.pid": 7}, "serving-processor")
-    worker = otel_export.ExportWorker(queue, exporter, envelope, batch, delay)
     dropped = []
-    tracer = otel_spans.Tracer(queue, lambda n: worker.wake(n) if n else dropped.append(1))
-    return tracer, worker, dropped
+    worker = otel_export.ExportWorker(queue, exporter, envelope, batch, delay, lambda: dropped.append(1))
+    return otel_spans.Tracer(queue, worker.queued), worker, dropped
 
 
 def test_spans_nest_and_reach_the_exporter_in_batches_under_the_resource():
@@ -180,7 +179,7 @@ def test_a_full_queue_drops_and_a_failing_exporter_stops_nothing():
     for outcome in ("fail", "raise"):
         exporter = Keep(outcome)
         tracer, worker, dropped = pipeline(exporter, capacity=5, batch=5)
-        worker.wake = lambda n: None  # the thread never wakes on its own here: the queue fills
+        worker.batch = 1 << 40  # the thread never wakes on its own here: the queue fills
         for i in range(8):
             tracer.start_span(f"s{i}").end()
         assert len(dropped) == 3
