@@ -291,16 +291,17 @@ class RequestMetrics:
         self._bounds = list(getattr(latency, "_upper_bounds", ()))  # the client library's buckets
         self._exemplar_at = [float("-inf")] * (len(self._bounds) + 1)
 
-    def observe(self, seconds: float, exemplar: dict[str, str] | None = None) -> None:
-        """One request of ``seconds``; ``exemplar``: its trace's ids (a traced request)."""
+    def observe(self, seconds: float, span: Any = None) -> None:
+        """One request of ``seconds``; ``span``: its edge span (a traced request: its
+        ``trace_id`` and ``span_id`` are the exemplar's, when its bucket takes one)."""
         self._count.inc()
-        if exemplar is not None:
+        exemplar = None
+        if span is not None:
             bucket = bisect.bisect_left(self._bounds, seconds)  # the bucket the library counts it in
             now = time.monotonic()
             if now - self._exemplar_at[bucket] >= EXEMPLAR_SECONDS:
                 self._exemplar_at[bucket] = now
-            else:
-                exemplar = None
+                exemplar = {"trace_id": f"{span.trace_id:032x}", "span_id": f"{span.span_id:016x}"}
         self._latency.observe(seconds, exemplar)
         if self._error is not None:
             self._error.inc()

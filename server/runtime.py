@@ -444,8 +444,8 @@ class RequestTrack:
         logged = version if note is None or note[1] is None else f"{version}/{note[1]}"
         traced = self.traced
         if exc is None:
-            exemplar = traced.end(version) if traced is not None else None
-            metrics.request(label, version, self.protocol, self.api, "OK").observe(seconds, exemplar)
+            span = traced.end(version) if traced is not None else None
+            metrics.request(label, version, self.protocol, self.api, "OK").observe(seconds, span)
             rt.access_log.ok(self.protocol, self.api, model, logged, seconds, request_id_var.get())
             return
         if not isinstance(exc, Exception):  # cancelled, exiting: nothing to count
@@ -454,8 +454,8 @@ class RequestTrack:
             return
         err = as_processor_error(exc)
         code = err.code.name
-        exemplar = traced.end(version, err) if traced is not None else None
-        metrics.request(label, version, self.protocol, self.api, code).observe(seconds, exemplar)
+        span = traced.end(version, err) if traced is not None else None
+        metrics.request(label, version, self.protocol, self.api, code).observe(seconds, span)
         # a client's model name cut as error messages cut it
         AccessLog.error(self.protocol, self.api, cut(model), label, logged, code, err.message, seconds,
                         request_id_var.get())
