@@ -3,8 +3,8 @@ request, a model load or a delta, lean enough to trace every request.
 
 :class:`Tracer` has the part of OpenTelemetry's ``Tracer`` interface the server uses
 (``start_span(name, context=, kind=, attributes=, links=, start_time=)``) and :class:`Span` the
-part of ``Span``'s (``set_attribute(s)``, ``set_status``, ``end``, ``get_span_context``,
-``is_recording``), so :mod:`processor.spans` runs on it or on the SDK's tracer alike. What it
+part of ``Span``'s (``set_attribute(s)``, ``set_status``, ``end``, ``get_span_context``), so
+:mod:`processor.spans` runs on it or on the SDK's tracer alike. What it
 leaves out on purpose, the SDK's per-span machinery that costs a sampled request most of its
 spans' price: a sampler per span (the server's edge decided already), attribute limits and
 copies, span processors, a lock per span. A span ending is encoded and queued for export at once
@@ -75,9 +75,6 @@ class Span:
         code = getattr(status, "status_code", status)
         self.status_code = int(code.value)
         self.status_message = getattr(status, "description", None) or description
-
-    def is_recording(self) -> bool:
-        return not self._ended
 
     def get_span_context(self) -> Any:
         """The OpenTelemetry ``SpanContext`` of this span (for a ``Link`` of the SDK's API)."""

@@ -67,3 +67,7 @@ _.log_message
 _.protocol_version
 _.close_connection
 _.daemon_threads
+
+# server/otel_export.py: the SDK's gRPC OTLP exporter calls its subclass's hooks for each export.
+_._translate_data
+_._count_data
