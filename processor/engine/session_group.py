@@ -150,13 +150,7 @@ class SessionGroup:
         wire = self._wire_server
         whole = len(data) <= self._split_bytes  # too short to hold more rows than run whole
         if wire is not None and whole:
-            lane = self._policy.pick()
-            gate = self._gate
-            gate.enter_shared()
-            try:
-                out = wire(lane, data)
-            finally:
-                gate.exit_shared()
+            out = self._whole(wire, self._policy.pick(), data)
             if out is not None:
                 return out
         if in_place:
@@ -171,13 +165,17 @@ class SessionGroup:
         if timed is None or len(data) > self._split_bytes:
             return None
         lane = self._policy.pick()
+        out = self._whole(timed, lane, data)
+        return None if out is None else (out[0], out[1], lane)
+
+    def _whole(self, wire, lane: int, data: bytes | memoryview):
+        """``wire(lane, data)``, a whole-request native path, under the update gate."""
         gate = self._gate
         gate.enter_shared()
         try:
-            out = timed(lane, data)
+            return wire(lane, data)
         finally:
             gate.exit_shared()
-        return None if out is None else (out[0], out[1], lane)
 
     def serve_reference(self, data: bytes | memoryview) -> bytes:
         """:meth:`serve` through the codec and :meth:`run`, without trying the native path (for a
