@@ -30,21 +30,14 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from processor.protobuf_wire import length_field, tag
+
 log = logging.getLogger("server.otel")
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def _field(number: int, body: bytes) -> bytes:
     """A length-delimited protobuf field."""
-    return _varint(number << 3 | 2) + _varint(len(body)) + body
+    return length_field(tag(number), body)
 
 
 def _any_value(value: Any, nested: bool = False) -> Any:
@@ -156,10 +149,7 @@ class Envelope:
         from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
         self._resource = _field(1, Resource(attributes=key_values(resource_attributes)).SerializeToString())
-        if schema_url:
-            self._resource_tail = _field(3, schema_url.encode())
-        else:
-            self._resource_tail = b""
+        self._resource_tail = _field(3, schema_url.encode()) if schema_url else b""
         self._scope = _field(1, InstrumentationScope(name=scope).SerializeToString())
 
     def wrap(self, frames: bytes, count: int) -> EncodedSpans:

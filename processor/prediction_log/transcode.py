@@ -31,13 +31,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from .. import native
+from ..protobuf_wire import LEN as _LEN, length_field, varint
 
 # dtype -> the wire field (ArrayProto) that carries its values, for the dtypes copied as they are
 _VALUE_FIELD = {1: 3, 2: 4, 3: 5, 4: 5, 5: 5, 6: 5, 7: 6, 9: 7, 10: 8, 17: 5}
 # ArrayProto value field -> TensorProto's tag byte (same payload, length-delimited)
 _TENSOR_TAG = {3: bytes([5 << 3 | 2]), 4: bytes([6 << 3 | 2]), 5: bytes([7 << 3 | 2]),
                6: bytes([8 << 3 | 2]), 7: bytes([10 << 3 | 2]), 8: bytes([11 << 3 | 2])}
-_LEN = 2
 _VARINT = 0
 
 
@@ -59,21 +59,6 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
         shift += 7
         if shift >= 70 or result >> 64:
             raise NotTranscodable("varint too long")
-
-
-def _put_varint(value: int) -> bytes:
-    if value < 0x80:
-        return bytes((value,))
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _len_field(tag: bytes, payload: bytes) -> bytes:
-    return tag + _put_varint(len(payload)) + payload
 
 
 def _fields(data: bytes):
@@ -106,7 +91,7 @@ def _shape(data: bytes) -> bytes:
         pos = 0
         while pos < len(payload):
             size, pos = _varint(payload, pos)
-            dims.append(_len_field(b"\x12", b"\x08" + _put_varint(size) if size else b""))
+            dims.append(length_field(b"\x12", b"\x08" + varint(size) if size else b""))
     return b"".join(dims)
 
 
@@ -129,12 +114,12 @@ def tensor(array_proto: bytes) -> bytes:
     wanted = _VALUE_FIELD.get(dtype)
     if wanted is None or (value_field and value_field != wanted):
         raise NotTranscodable(f"dtype {dtype}")
-    out = [b"\x08" + _put_varint(dtype)]
+    out = [b"\x08" + varint(dtype)]
     if shape:
-        out.append(_len_field(b"\x12", shape))
+        out.append(length_field(b"\x12", shape))
     if value_field:
         tag = _TENSOR_TAG[value_field]
-        out.extend(_len_field(tag, payload) for payload in values)
+        out.extend(length_field(tag, payload) for payload in values)
     return b"".join(out)
 
 
@@ -162,7 +147,7 @@ def map_entries(message: bytes, field: int, aliases: Mapping[str, str] | None = 
                 key = aliases[key.decode()].encode()
             except (KeyError, UnicodeDecodeError):
                 raise NotTranscodable("a key the signature does not take") from None
-        out.append(_len_field(tag, _len_field(b"\x0a", key) + _len_field(b"\x12", tensor(value))))
+        out.append(length_field(tag, length_field(b"\x0a", key) + length_field(b"\x12", tensor(value))))
     return b"".join(out)
 
 
@@ -181,8 +166,8 @@ def predict_log_tail(request: bytes, response: bytes, aliases: Mapping[str, str]
 
 def predict_log_tail_reference(request: bytes, response: bytes, aliases: Mapping[str, str]) -> bytes:
     """:func:`predict_log_tail` in Python; raises NotTranscodable instead of returning None."""
-    output_filter = b"".join(_len_field(b"\x1a", name) for number, name in _fields(request)
+    output_filter = b"".join(length_field(b"\x1a", name) for number, name in _fields(request)
                              if number == 3 and not isinstance(name, int))
-    inner = (_len_field(b"\x0a", map_entries(request, 2, aliases) + output_filter) +
-             _len_field(b"\x12", map_entries(response, 1)))
-    return _len_field(b"\x32", inner)
+    inner = (length_field(b"\x0a", map_entries(request, 2, aliases) + output_filter) +
+             length_field(b"\x12", map_entries(response, 1)))
+    return length_field(b"\x32", inner)
