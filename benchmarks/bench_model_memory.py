@@ -66,6 +66,7 @@ def child(spec: dict) -> dict:
         import tensorflow  # noqa: F401 - imported before any reading, as a server has it
     else:
         import onnxruntime  # noqa: F401
+    memory.pin_malloc_thresholds()  # as the server's model manager does before any load
     group, features, _, _ = _load(spec["primer"], "primer")
     group.close()
     if features is not None:

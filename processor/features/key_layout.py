@@ -123,19 +123,32 @@ class KeyLayout:
 
     @staticmethod
     def pack_hmget(key: bytes, fields: np.ndarray) -> bytes:
-        """The RESP encoding of ``HMGET key <sentinel> <fields...>``, built without a Python object
-        per field (``fields`` from :meth:`packed_fields`)."""
-        head = b"*%d\r\n$5\r\nHMGET\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (
-            len(fields) + 3, len(key), key, len(SENTINEL), SENTINEL)
-        body = np.empty(len(fields), _RESP_FIELD)
+        """The RESP encoding of ``HMGET key <sentinel> <fields...>`` (see :meth:`pack`)."""
+        return KeyLayout.pack(b"HMGET", key, fields, lead=(SENTINEL,))
+
+    @staticmethod
+    def pack(verb: bytes, key: bytes, fields: np.ndarray, rows: np.ndarray | None = None,
+             lead: tuple[bytes, ...] = ()) -> bytes:
+        """The RESP encoding of ``<verb> key <lead...> <field> [<row>] ...``: ``HMGET`` / ``HDEL``
+        with ``fields`` alone, ``HSET`` with each field followed by its row of ``rows`` as
+        little-endian bytes of its dtype (float32, or float16 for ``embedding_dtype`` float16: the
+        version's keys then end in ``.f16``). Built in one numpy pass, without a Python object per
+        field or row (a load writes millions); ``fields`` from :meth:`packed_fields`."""
+        per_field = 1 if rows is None else 2
+        head = b"*%d\r\n" % (2 + len(lead) + per_field * len(fields)) + b"".join(
+            b"$%d\r\n%s\r\n" % (len(arg), arg) for arg in (verb, key, *lead))
+        if rows is None:
+            body = np.empty(len(fields), _RESP_FIELD)
+        else:
+            rows = np.ascontiguousarray(rows, rows.dtype.newbyteorder("<"))
+            width = rows.shape[1] * rows.dtype.itemsize
+            row_head = b"$%d\r\n" % width
+            body = np.empty(len(fields), _RESP_FIELD.descr + [
+                ("row_head", f"S{len(row_head)}"), ("row", f"V{width}"), ("row_end", "S2")])
+            body["row_head"] = row_head
+            body["row"] = rows.view(f"V{width}").reshape(-1)
+            body["row_end"] = b"\r\n"
         body["head"] = b"$12\r\n"
         body["field"] = fields
         body["end"] = b"\r\n"
         return head + body.tobytes()
-
-    @staticmethod
-    def values(rows: np.ndarray) -> list[bytes]:
-        """Each row as little-endian bytes of its dtype (float32, or float16 for
-        ``embedding_dtype`` float16: the version's keys then end in ``.f16``)."""
-        rows = np.ascontiguousarray(rows, rows.dtype.newbyteorder("<"))
-        return rows.view(f"V{rows.shape[1] * rows.dtype.itemsize}").reshape(-1).tolist()

@@ -361,17 +361,15 @@ class RedisStore:
         parts = self.layout.partition_of(tid, keys)
         order = np.argsort(parts, kind="stable")
         counts = np.bincount(parts, minlength=self.layout.partitions)
-        fields = self.layout.fields(np.full(len(keys), tid, np.uint32), keys[order])
-        payload = self.layout.values(values[order])
+        fields = self.layout.packed_fields(np.full(len(keys), tid, np.uint32), keys[order])
+        values = values[order]
         commands = []
         pos = 0
         for p in np.flatnonzero(counts).tolist():
             for start in range(pos, pos + int(counts[p]), _WRITE_ROWS):
                 stop = min(start + _WRITE_ROWS, pos + int(counts[p]))
-                args: list[Any] = [None] * (2 * (stop - start))
-                args[0::2] = fields[start:stop]
-                args[1::2] = payload[start:stop]
-                commands.append((int(vt.slots[p]), ("HSET", vt.keys[p], *args)))
+                commands.append((int(vt.slots[p]),
+                                 self.layout.pack(b"HSET", vt.keys[p], fields[start:stop], values[start:stop])))
             pos += int(counts[p])
         self._checked(self.run(commands, write=True))
         self.counters["rows_written"] += len(keys)
@@ -387,12 +385,12 @@ class RedisStore:
         parts = self.layout.partition_of(tid, ids)
         order = np.argsort(parts, kind="stable")
         counts = np.bincount(parts, minlength=self.layout.partitions)
-        fields = self.layout.fields(np.full(len(ids), tid, np.uint32), ids[order])
+        fields = self.layout.packed_fields(np.full(len(ids), tid, np.uint32), ids[order])
         commands, pos = [], 0
         for p in np.flatnonzero(counts).tolist():
             for start in range(pos, pos + int(counts[p]), _WRITE_ROWS):
                 stop = min(start + _WRITE_ROWS, pos + int(counts[p]))
-                commands.append((int(vt.slots[p]), ("HDEL", vt.keys[p], *fields[start:stop])))
+                commands.append((int(vt.slots[p]), self.layout.pack(b"HDEL", vt.keys[p], fields[start:stop])))
             pos += int(counts[p])
         deleted = self._checked(self.run(commands, write=True))
         self.counters["rows_deleted"] += int(sum(deleted))

@@ -78,6 +78,7 @@ class ModelManager:
     def __init__(self, name: str, config: ModelConfig, store: ModelStore | None = None,
                  loader: VersionLoader | None = None, clock: Any = time, batching=None,
                  budget: MemoryBudget | None = None) -> None:
+        memory.pin_malloc_thresholds()  # before any load: see there
         self.name = name
         self.config = config
         self.store = store or ModelStore.for_config(config)

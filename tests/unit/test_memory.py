@@ -352,3 +352,21 @@ def test_reclaim_soon_frees_it_on_its_own_thread(frozen_cycle):
     memory.reclaim_soon(0.05)
     memory.reclaim_soon(0.05)  # shares the first one's run
     assert wait_for(lambda: frozen_cycle() is None, 10)
+
+
+def test_malloc_thresholds_are_pinned_unless_the_operator_set_the_allocator(monkeypatch):
+    """glibc's thresholds are fixed once per process; an operator's MALLOC_* / GLIBC_TUNABLES
+    setting wins (nothing is changed then)."""
+    import ctypes.util
+
+    from processor import memory
+
+    for name in memory._OWN_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=131072")
+    memory.pin_malloc_thresholds.cache_clear()
+    assert memory.pin_malloc_thresholds() is False
+    monkeypatch.delenv("GLIBC_TUNABLES")
+    memory.pin_malloc_thresholds.cache_clear()
+    glibc = "libc.so" in (ctypes.util.find_library("c") or "libc.so.6")
+    assert memory.pin_malloc_thresholds() is glibc

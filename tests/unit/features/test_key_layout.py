@@ -30,8 +30,27 @@ def test_fields_are_12_binary_bytes_and_partitions_spread():
     parts = layout.partition_of(table_id("emb/C1"), np.arange(80_000))
     counts = np.bincount(parts, minlength=8)
     assert counts.min() > 9000 and counts.max() < 11000
-    rows = np.arange(6, dtype=np.float32).reshape(2, 3)
-    assert layout.values(rows)[1] == rows[1].astype("<f4").tobytes()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ">f4"])
+def test_packed_commands_are_the_resp_of_their_arguments(dtype):
+    """HSET / HDEL / HMGET built in one numpy pass parse (as Redis parses a command) to the
+    arguments one would send: each row as little-endian bytes of its dtype."""
+    import hiredis
+
+    ids = np.array([7, -3, 2**40], np.int64)
+    tids = np.full(3, table_id("emb/C1"), np.uint32)
+    fields, as_bytes = KeyLayout.packed_fields(tids, ids), KeyLayout.fields(tids, ids)
+    rows = np.arange(3 * 5).reshape(3, 5).astype(dtype)
+    little = rows.astype(rows.dtype.newbyteorder("<"))
+    reader = hiredis.Reader()
+    reader.feed(KeyLayout.pack(b"HSET", b"k{1}", fields, rows))
+    assert reader.gets() == [b"HSET", b"k{1}"] + [x for f, r in zip(as_bytes, little) for x in (f, r.tobytes())]
+    reader.feed(KeyLayout.pack(b"HDEL", b"k", fields[1:]))
+    assert reader.gets() == [b"HDEL", b"k", *as_bytes[1:]]
+    reader.feed(KeyLayout.pack_hmget(b"k", fields[:0]))
+    assert reader.gets() == [b"HMGET", b"k", SENTINEL]
+    assert reader.gets() is False  # nothing left over
 
 
 def test_redis_url_forms():
