@@ -232,17 +232,20 @@ def process_rss_bytes() -> int:
         return 0
 
 
-@functools.cache
-def _malloc_trim():
-    """glibc's ``malloc_trim``, or None (another C library, or none to load)."""
+def _libc_function(name: str, argtypes: list, restype=ctypes.c_int):
+    """glibc's function ``name`` typed as given, or None (another C library, or none to load)."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        function = libc.malloc_trim
+        function = getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
     except (OSError, AttributeError):
         return None
-    function.argtypes = [ctypes.c_size_t]
-    function.restype = ctypes.c_int
+    function.argtypes, function.restype = argtypes, restype
     return function
+
+
+@functools.cache
+def _malloc_trim():
+    """glibc's ``malloc_trim``, or None."""
+    return _libc_function("malloc_trim", [ctypes.c_size_t])
 
 
 # glibc raises its mmap threshold to the size of each mmapped block freed (up to 32 MiB) and its
@@ -263,12 +266,8 @@ def pin_malloc_thresholds() -> bool:
     through its environment variables, or the C library is not glibc. Thread-safe."""
     if any(os.environ.get(name) for name in _OWN_SETTINGS):
         return False
-    try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return all(mallopt(option, MALLOC_THRESHOLD_BYTES) == 1 for option in (_M_MMAP_THRESHOLD, _M_TRIM_THRESHOLD))
+    mallopt = _libc_function("mallopt", [ctypes.c_int, ctypes.c_int])
+    return mallopt is not None and all(mallopt(option, MALLOC_THRESHOLD_BYTES) == 1 for option in (_M_MMAP_THRESHOLD, _M_TRIM_THRESHOLD))
 
 
 def collect_cycles() -> None:
